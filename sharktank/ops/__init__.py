@@ -1,0 +1,86 @@
+"""Sharded ops: one dispatcher, one placement rule, one rule table per op family.
+
+Every op here takes plain ``torch.Tensor``s and sharded tensors
+(:mod:`sharktank.types`). Before an implementation runs, the dispatcher applies the
+placement rule (:func:`transfer_if_needed`). Importing this module does not import
+iree-turbine or the IREE compiler; they are imported only while tracing for export.
+"""
+
+from ._build import ShardingError
+from ._dispatch import NoImplementationError, registered_ops, sharded_op
+from ._placement import PlacementError, transfer_if_needed
+from ._transfer import Transfer, TransferLog, record_transfers
+from .collectives import (
+    all_gather,
+    all_reduce,
+    barrier_on_logical_device,
+    equal,
+    reduce_scatter,
+    replicate,
+    reshard,
+    reshard_like,
+    reshard_split,
+    sharded_cat,
+    sharded_sum,
+    transfer_to_logical_device,
+    unshard,
+)
+from .elementwise import add, div, elementwise, mul, sub, to
+from .matrix import linear, matmul
+from .nn import embedding_lookup, index_select, layer_norm, rms_norm, scaled_dot_product_attention, softmax
+from .reduction import argmax, mean, sum
+from .shape import cat, expand, flatten, permute, reshape, transpose, unflatten, view
+
+__all__ = [
+    # dispatcher and placement
+    "sharded_op",
+    "registered_ops",
+    "transfer_if_needed",
+    "record_transfers",
+    "Transfer",
+    "TransferLog",
+    "PlacementError",
+    "ShardingError",
+    "NoImplementationError",
+    # collectives and placement ops
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "replicate",
+    "reshard_split",
+    "reshard",
+    "reshard_like",
+    "unshard",
+    "sharded_cat",
+    "sharded_sum",
+    "transfer_to_logical_device",
+    "barrier_on_logical_device",
+    "equal",
+    # compute
+    "elementwise",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "to",
+    "matmul",
+    "linear",
+    "softmax",
+    "rms_norm",
+    "layer_norm",
+    "scaled_dot_product_attention",
+    "embedding_lookup",
+    "index_select",
+    "sum",
+    "mean",
+    "argmax",
+    # shapes
+    "cat",
+    "reshape",
+    "view",
+    "flatten",
+    "unflatten",
+    "transpose",
+    "permute",
+    "expand",
+]

@@ -1,0 +1,200 @@
+"""Matrix ops: ``matmul`` and ``linear``.
+
+Rule (plain tensors count as replicated; ``lhs`` is ``[..., m, k]``, ``rhs`` is
+``[..., k, n]``):
+
+======================  ======================  =========================================
+lhs                     rhs                     result
+======================  ======================  =========================================
+replicated              replicated              replicated
+split on m or a batch   replicated              split on that dim (column-local work)
+replicated              split on n or a batch   split on that dim
+split on k              split on k (same sizes) unreduced (partial sums)
+split on k              replicated              unreduced (rhs cut locally along k)
+replicated              split on k              unreduced (lhs cut locally along k)
+unreduced               replicated              unreduced (linear in lhs)
+replicated              unreduced               unreduced (linear in rhs)
+======================  ======================  =========================================
+
+Anything else (e.g. lhs split on m with rhs split on n) needs a collective first and is
+refused with a :class:`ShardingError` that names both placements and shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ._build import ShardingError, offsets, replicated_of, split_of, unreduced_of
+from ._dispatch import sharded_op
+from .elementwise import add
+
+__all__ = ["matmul", "linear"]
+
+Operand = torch.Tensor | ShardedTensor
+
+
+def _role(x, k_dim: int, free_dim: int) -> tuple[str, int | None]:
+    if isinstance(x, UnreducedTensor):
+        return "P", None
+    if isinstance(x, SplitPrimitiveTensor):
+        d = x.shard_dim
+        return ("k" if d == k_dim else "free" if d == free_dim else "batch"), d
+    return "R", None
+
+
+def _describe(x) -> str:
+    if isinstance(x, ShardedTensor):
+        return f"{type(x).__name__} {x.placement} shape {list(x.shape)}"
+    return f"torch.Tensor shape {list(x.shape)}"
+
+
+def _pieces(x, dim: int | None, sizes, n: int, batch: bool = False):
+    """Per-shard values of a replicated/plain operand, cut along ``dim`` when given (a batch
+    dim of size 1, or one ``x`` lacks, broadcasts and is not cut)."""
+    shards = x.shards if isinstance(x, ShardedTensor) else (x,) * n
+    if dim is None:
+        return shards
+    if batch and (dim < 0 or x.shape[dim] == 1):
+        return shards
+    return [s.narrow(dim, o, z) for s, o, z in zip(shards, offsets(sizes), sizes)]
+
+
+def plan_matmul(op: str, a, b, b_transposed: bool):
+    """Per-shard lhs and rhs values and the result's kind: ('R'|'P'|'S', result split dim)."""
+    ra, rb = a.ndim, b.ndim
+    if ra < 2 or rb < 2:
+        raise ShardingError(f"ops.{op} on sharded tensors needs rank >= 2 operands, found {_describe(a)} and {_describe(b)}")
+    r = max(ra, rb)
+    b_k, b_n = (rb - 1, rb - 2) if b_transposed else (rb - 2, rb - 1)
+    (ka, da), (kb, db) = _role(a, ra - 1, ra - 2), _role(b, b_k, b_n)
+    ref = a if isinstance(a, ShardedTensor) else b
+    n = ref.shard_count
+    if isinstance(a, ShardedTensor) and isinstance(b, ShardedTensor) and a.shard_count != b.shard_count:
+        raise ShardingError(f"ops.{op}: operands have {a.shard_count} and {b.shard_count} shards")
+
+    def refuse():
+        return ShardingError(
+            f"ops.{op}: no local computation for lhs {_describe(a)} with rhs {_describe(b)}"
+            f"{' (transposed)' if b_transposed else ''}; reshard or all_gather one operand first"
+        )
+
+    if ka == "R" and kb == "R":
+        return _pieces(a, None, None, n), _pieces(b, None, None, n), ("R", None)
+    if ka == "P" and kb == "R":
+        return a.shards, _pieces(b, None, None, n), ("P", None)
+    if ka == "R" and kb == "P":
+        return _pieces(a, None, None, n), b.shards, ("P", None)
+    if ka == "k" and kb == "k":
+        if a.shard_sizes != b.shard_sizes:
+            raise ShardingError(f"ops.{op}: k is split into {a.shard_sizes} on lhs but {b.shard_sizes} on rhs")
+        return a.shards, b.shards, ("P", None)
+    if ka == "k" and kb == "R":
+        return a.shards, _pieces(b, b_k, a.shard_sizes, n), ("P", None)
+    if ka == "R" and kb == "k":
+        return _pieces(a, ra - 1, b.shard_sizes, n), b.shards, ("P", None)
+    if ka in ("free", "batch") and kb == "R":
+        out_dim = da + r - ra
+        cut = da + rb - ra if ka == "batch" else None
+        return a.shards, _pieces(b, cut, a.shard_sizes, n, batch=True), ("S", out_dim)
+    if ka == "R" and kb in ("free", "batch"):
+        out_dim = r - 1 if kb == "free" else db + r - rb
+        cut = db + ra - rb if kb == "batch" else None
+        return _pieces(a, cut, b.shard_sizes, n, batch=True), b.shards, ("S", out_dim)
+    if ka == "batch" and kb == "batch" and da + r - ra == db + r - rb and a.shard_sizes == b.shard_sizes:
+        return a.shards, b.shards, ("S", da + r - ra)
+    raise refuse()
+
+
+def _build(kind, dim, out, devices):
+    if kind == "S":
+        return split_of(out, dim, devices)
+    if kind == "P":
+        return unreduced_of(out, devices)
+    return replicated_of(out, devices)
+
+
+def _devices(a, b):
+    return (a if isinstance(a, ShardedTensor) else b).devices
+
+
+@sharded_op(nargs=2)
+def matmul(lhs: Operand, rhs: Operand, *, transpose_rhs: bool = False) -> Operand:
+    """Matrix product ``lhs @ rhs`` (``lhs @ rhs.mT`` with ``transpose_rhs``), torch broadcasting.
+
+    Sharded operands follow the table in :mod:`sharktank.ops.matrix`: replicated × split
+    on the parallel dim gives split; split on the reduction dim gives unreduced (call
+    :func:`all_reduce` to get the replicated sum).
+    """
+
+
+@matmul.register(torch.Tensor, torch.Tensor)
+def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
+    return torch.matmul(lhs, rhs.mT if transpose_rhs else rhs)
+
+
+def _matmul_sharded(lhs, rhs, *, transpose_rhs=False):
+    xs, ws, (kind, dim) = plan_matmul("matmul", lhs, rhs, transpose_rhs)
+    if transpose_rhs:
+        out = [torch.matmul(x, w.mT) for x, w in zip(xs, ws)]
+    else:
+        out = [torch.matmul(x, w) for x, w in zip(xs, ws)]
+    return _build(kind, dim, out, _devices(lhs, rhs))
+
+
+matmul.register(ShardedTensor, object)(_matmul_sharded)
+matmul.register(object, ShardedTensor)(_matmul_sharded)
+
+
+@sharded_op(nargs=2)
+def linear(x: Operand, weight: Operand, bias: Operand | None = None) -> Operand:
+    """``x @ weight.T + bias`` (``weight`` is ``[out, in]``, as ``torch.nn.functional.linear``).
+
+    Tensor-parallel forms: column-parallel (``weight`` split on dim 0, ``bias`` split or
+    replicated) gives a result split on its last dim; row-parallel (``x`` split on its last
+    dim, ``weight`` split on dim 1) gives an unreduced result, and a replicated ``bias`` is
+    added to one shard only so that ``all_reduce`` counts it once.
+    """
+
+
+@linear.register(torch.Tensor, torch.Tensor)
+def _linear_torch(x, weight, bias=None):
+    if isinstance(bias, ShardedTensor):
+        return add(F.linear(x, weight), bias)
+    return F.linear(x, weight, bias)
+
+
+def _linear_sharded(x, weight, bias=None):
+    if weight.ndim != 2:
+        raise ShardingError(f"ops.linear expects a 2-D weight, found {_describe(weight)}")
+    xs, ws, (kind, dim) = plan_matmul("linear", x, weight, True)
+    devices = _devices(x, weight)
+    if bias is None:
+        return _build(kind, dim, [F.linear(a, w) for a, w in zip(xs, ws)], devices)
+    if isinstance(bias, UnreducedTensor):
+        raise ShardingError("ops.linear: an unreduced bias is not supported; all_reduce it first")
+    n = len(xs)
+    if kind == "P":
+        if isinstance(bias, SplitPrimitiveTensor):
+            raise ShardingError(f"ops.linear: the result is unreduced but the bias is split ({_describe(bias)})")
+        bs = _pieces(bias, None, None, n)
+        out = [F.linear(xs[0], ws[0], bs[0])] + [F.linear(a, w) for a, w in zip(xs[1:], ws[1:])]
+        return unreduced_of(out, devices)
+    if kind == "S" and dim == max(x.ndim, 2) - 1:
+        sizes = [w.shape[0] for w in ws]
+        if isinstance(bias, SplitPrimitiveTensor):
+            if bias.shard_sizes != sizes:
+                raise ShardingError(f"ops.linear: bias split {bias.shard_sizes} does not match the output split {sizes}")
+            bs = bias.shards
+        else:
+            bs = _pieces(bias, 0, sizes, n)
+    elif isinstance(bias, SplitPrimitiveTensor):
+        raise ShardingError(f"ops.linear: bias {_describe(bias)} is split but the output is not split on its last dim")
+    else:
+        bs = _pieces(bias, None, None, n)
+    return _build(kind, dim, [F.linear(a, w, b) for a, w, b in zip(xs, ws, bs)], devices)
+
+
+linear.register(ShardedTensor, object)(_linear_sharded)
+linear.register(object, ShardedTensor)(_linear_sharded)

@@ -1,0 +1,206 @@
+"""Neural-network ops: softmax, norms, attention, embedding lookup, index_select.
+
+Rule: each op normalizes or gathers along some dims; a split on any other dim stays
+split and the op runs shard by shard (replicated and plain operands are cut locally to
+match). A split on a dim the op works along is refused, naming the dim, except the
+vocabulary-parallel embedding lookup, which gives an unreduced result.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ._build import ShardingError, like, norm_dim, offsets, unreduced_of
+from ._dispatch import sharded_op
+from .elementwise import shardwise
+
+__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "embedding_lookup", "index_select"]
+
+AnyTensor = torch.Tensor | ShardedTensor
+
+
+def _refuse_dims(op: str, t, dims) -> None:
+    if isinstance(t, UnreducedTensor):
+        raise ShardingError(f"ops.{op} is not linear and got an UnreducedTensor; call ops.all_reduce first")
+    if isinstance(t, SplitPrimitiveTensor) and t.shard_dim in dims:
+        raise ShardingError(
+            f"ops.{op} works along dim {t.shard_dim} of {list(t.shape)}, which is split "
+            f"{t.shard_sizes}; all_gather or reshard first"
+        )
+
+
+@sharded_op()
+def softmax(t: AnyTensor, dim: int, dtype: torch.dtype | None = None) -> AnyTensor:
+    """Softmax along ``dim`` (optionally computed in ``dtype``); ``dim`` must not be split."""
+
+
+softmax.register(torch.Tensor)(lambda t, dim, dtype=None: torch.softmax(t, dim, dtype=dtype))
+
+
+@softmax.register(ShardedTensor)
+def _softmax(t, dim, dtype=None):
+    d = norm_dim(dim, t.ndim)
+    _refuse_dims("softmax", t, [d])
+    return like(t, [torch.softmax(s, d, dtype=dtype) for s in t.shards])
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
+    # Accumulate in float32, as reference implementations do, then return x's dtype.
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
+    return (y * weight.float()).to(x.dtype)
+
+
+@sharded_op(nargs=2)
+def rms_norm(x: AnyTensor, weight: AnyTensor, *, epsilon: float) -> AnyTensor:
+    """RMS normalization over the last dim, scaled by ``weight`` (float32 accumulation).
+    The last dim must not be split."""
+
+
+rms_norm.register(torch.Tensor, torch.Tensor)(_rms)
+
+
+@rms_norm.register(object, object)
+def _rms_sharded(x, weight, *, epsilon):
+    _refuse_dims("rms_norm", x, [x.ndim - 1])
+    _refuse_dims("rms_norm", weight, [weight.ndim - 1])
+    return shardwise("rms_norm", lambda a, w: _rms(a, w, epsilon), (x, weight))
+
+
+@sharded_op(nargs=3)
+def layer_norm(x: AnyTensor, weight: AnyTensor | None, bias: AnyTensor | None, *, eps: float = 1e-5) -> AnyTensor:
+    """Layer normalization over the trailing ``weight.ndim`` dims (the last dim when
+    ``weight`` is None). Those dims must not be split."""
+
+
+@layer_norm.register(torch.Tensor, object, object)
+def _layer_norm_torch(x, weight, bias, *, eps=1e-5):
+    if isinstance(weight, ShardedTensor) or isinstance(bias, ShardedTensor):
+        return _layer_norm_sharded(x, weight, bias, eps=eps)
+    k = 1 if weight is None else weight.ndim
+    return F.layer_norm(x, x.shape[-k:], weight, bias, eps)
+
+
+@layer_norm.register(ShardedTensor, object, object)
+def _layer_norm_sharded(x, weight, bias, *, eps=1e-5):
+    k = 1 if weight is None else weight.ndim
+    _refuse_dims("layer_norm", x, range(x.ndim - k, x.ndim))
+    for p in (weight, bias):
+        if p is not None:
+            _refuse_dims("layer_norm", p, range(p.ndim))
+    shape = list(x.shape[-k:])
+    operands = [o for o in (x, weight, bias) if o is not None]
+
+    def fn(a, *wb):
+        w = wb[0] if weight is not None else None
+        b = wb[-1] if bias is not None else None
+        return F.layer_norm(a, shape, w, b, eps)
+
+    return shardwise("layer_norm", fn, tuple(operands))
+
+
+@sharded_op(nargs=3)
+def scaled_dot_product_attention(
+    q: AnyTensor,
+    k: AnyTensor,
+    v: AnyTensor,
+    a: AnyTensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> AnyTensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on ``[..., L, E]`` operands with an
+    optional additive or boolean mask ``a``. Sharded: q, k and v split on the same head or
+    batch dim (not the last two), or replicated; the mask is cut to match."""
+
+
+@scaled_dot_product_attention.register(torch.Tensor, torch.Tensor, torch.Tensor)
+def _sdpa_torch(q, k, v, a=None, *, is_causal=False, scale=None):
+    if isinstance(a, ShardedTensor):
+        return _sdpa_sharded(q, k, v, a, is_causal=is_causal, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=is_causal, scale=scale)
+
+
+@scaled_dot_product_attention.register(object, object, object)
+def _sdpa_sharded(q, k, v, a=None, *, is_causal=False, scale=None):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _refuse_dims("scaled_dot_product_attention", t, [t.ndim - 2, t.ndim - 1])
+    if a is not None:
+        _refuse_dims("scaled_dot_product_attention", a, [a.ndim - 2, a.ndim - 1])
+    operands = (q, k, v) if a is None else (q, k, v, a)
+
+    def fn(q_, k_, v_, a_=None):
+        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=a_, is_causal=is_causal, scale=scale)
+
+    return shardwise("scaled_dot_product_attention", fn, operands)
+
+
+@sharded_op(nargs=2)
+def embedding_lookup(input: AnyTensor, embedding_matrix: AnyTensor, dtype: torch.dtype | None = None) -> AnyTensor:
+    """Rows of ``embedding_matrix`` (``[vocab, dim]``) for the token ids in ``input``, in ``dtype``.
+
+    Sharded: a replicated matrix keeps the ids' placement; a matrix split on dim 1 gives a
+    result split on its last dim; a matrix split on dim 0 (vocabulary-parallel) gives an
+    unreduced result: each shard looks up the ids in its own rows and zeroes the others.
+    """
+
+
+@embedding_lookup.register(torch.Tensor, torch.Tensor)
+def _embedding_torch(input, embedding_matrix, dtype=None):
+    out = F.embedding(input, embedding_matrix)
+    return out if dtype is None else out.to(dtype)
+
+
+@embedding_lookup.register(object, object)
+def _embedding_sharded(input, embedding_matrix, dtype=None):
+    w = embedding_matrix
+    if isinstance(input, (SplitPrimitiveTensor, UnreducedTensor)) and isinstance(w, SplitPrimitiveTensor):
+        raise ShardingError("ops.embedding_lookup: split ids with a split embedding matrix; replicate one of them first")
+    if isinstance(w, UnreducedTensor) or isinstance(input, UnreducedTensor):
+        raise ShardingError("ops.embedding_lookup: unreduced operands are not supported")
+
+    def lookup(ids, rows):
+        out = F.embedding(ids, rows)
+        return out if dtype is None else out.to(dtype)
+
+    ref = w if isinstance(w, ShardedTensor) else input
+    ids = input.shards if isinstance(input, ShardedTensor) else (input,) * ref.shard_count
+    rows = w.shards if isinstance(w, ShardedTensor) else (w,) * ref.shard_count
+    if isinstance(w, SplitPrimitiveTensor) and w.shard_dim == 0:
+        out = []
+        for i_, r, start in zip(ids, rows, offsets(w.shard_sizes)):
+            if r.shape[0] == 0:  # an empty vocabulary shard contributes zeros
+                out.append(r.new_zeros((*i_.shape, r.shape[1]), dtype=dtype or r.dtype))
+                continue
+            local = i_ - start
+            mine = (local >= 0) & (local < r.shape[0])
+            e = lookup(torch.where(mine, local, torch.zeros_like(local)), r)
+            out.append(e * mine.unsqueeze(-1).to(e.dtype))
+        return unreduced_of(out, w.devices)
+    out = [lookup(i_, r) for i_, r in zip(ids, rows)]
+    if isinstance(w, SplitPrimitiveTensor):
+        return like(w, out, input.ndim)
+    return like(input, out) if isinstance(input, ShardedTensor) else like(w, out)
+
+
+@sharded_op(nargs=3)
+def index_select(t: AnyTensor, dim: int, index: AnyTensor) -> AnyTensor:
+    """``torch.index_select``: ``dim`` must not be split; the index is replicated or plain."""
+
+
+index_select.register(torch.Tensor, int, torch.Tensor)(torch.index_select)
+
+
+@index_select.register(object, int, object)
+def _index_select(t, dim, index):
+    if isinstance(index, (SplitPrimitiveTensor, UnreducedTensor)):
+        raise ShardingError("ops.index_select: the index must be replicated or a plain tensor")
+    if not isinstance(t, ShardedTensor):
+        return like(index, [torch.index_select(t, dim, i) for i in index.shards])
+    d = norm_dim(dim, t.ndim)
+    if isinstance(t, SplitPrimitiveTensor) and t.shard_dim == d:
+        _refuse_dims("index_select", t, [d])
+    idx = index.shards if isinstance(index, ReplicatedTensor) else (index,) * t.shard_count
+    return like(t, [torch.index_select(s, d, i) for s, i in zip(t.shards, idx)])

@@ -1,0 +1,22 @@
+"""Shared test helpers: placing a torch tensor as each sharded type."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from hypothesis import settings
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# Deterministic, CI-sized property tests; `HYPOTHESIS_PROFILE=thorough` runs more examples.
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("thorough", max_examples=400, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

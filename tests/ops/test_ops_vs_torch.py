@@ -1,0 +1,84 @@
+"""Every op, every placement of its operands, against unsharded torch.
+
+For each drawn combination the op must either equal the torch result (with the result on
+the operands' devices) or raise the documented error (ShardingError,
+NoImplementationError). The placements each op must support are also run one by one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from cases import CASES, Built
+from placing import device_tuples, kinds_for, place
+from sharktank import ops
+from sharktank.types import ShardedTensor, UnreducedTensor
+
+REFUSALS = (ops.ShardingError, ops.NoImplementationError)
+
+
+def _value(x):
+    return ops.unshard(x) if isinstance(x, ShardedTensor) else x
+
+
+def _check(b: Built, kinds, devices, gen):
+    placed = [place(t, k, devices, gen=gen) for t, k in zip(b.tensors, kinds)]
+    expected = b.ref(*b.tensors)
+    got = b.call(*placed)
+    if isinstance(got, ShardedTensor):
+        assert got.devices == devices, f"result on {got.devices}, operands on {devices}"
+        assert not got.pinned
+    got = _value(got)
+    assert got.shape == expected.shape, f"{kinds}: shape {list(got.shape)} != {list(expected.shape)}"
+    assert got.dtype == expected.dtype
+    if b.atol == 0:
+        assert torch.equal(got, expected), kinds
+    else:
+        torch.testing.assert_close(got, expected, atol=b.atol, rtol=1e-4, msg=lambda m: f"{kinds}: {m}")
+
+
+def _kinds_ok(b: Built, kinds) -> bool:
+    for i, k in enumerate(kinds):
+        t = b.tensors[i]
+        if k == "P" and (i in b.no_partial or not t.is_floating_point()):
+            return False
+        if k.startswith("S") and int(k[1:]) >= t.ndim:
+            return False
+    return any(k != "T" for k in kinds)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@given(data=st.data())
+def test_op_matches_torch_or_refuses(name, data):
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    b = CASES[name](data.draw, gen)
+    devices = data.draw(device_tuples(1, 8))
+    kinds = tuple(data.draw(st.sampled_from(kinds_for(t.ndim))) for t in b.tensors)
+    if not _kinds_ok(b, kinds):
+        return
+    try:
+        _check(b, kinds, devices, gen)
+    except REFUSALS:
+        assert kinds not in b.required, f"{name} must support {kinds}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@given(data=st.data())
+def test_required_placements_work(name, data):
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    b = CASES[name](data.draw, gen)
+    devices = data.draw(device_tuples(1, 8))
+    required = [k for k in b.required if _kinds_ok(b, k)]
+    assert required or all(t.ndim == 0 for t in b.tensors)
+    for kinds in required:
+        _check(b, kinds, devices, gen)
+
+
+def test_unreduced_refused_by_nonlinear_ops():
+    u = place(torch.randn(4, 6), "P", (0, 1, 2))
+    for fn in (lambda: ops.elementwise(torch.exp, u), lambda: ops.softmax(u, 1), lambda: ops.mul(u, u)):
+        with pytest.raises(ops.ShardingError, match="all_reduce"):
+            fn()
+    assert isinstance(ops.mul(u, 2.0), UnreducedTensor)
