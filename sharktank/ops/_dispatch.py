@@ -23,6 +23,8 @@ import functools
 import inspect
 from typing import Any, Callable, Sequence
 
+import torch
+
 from ..types import ShardedTensor
 from ._placement import place_operands, pin_result
 
@@ -77,7 +79,9 @@ class _Dispatcher:
                 for types, variadic, _ in self.table
             )
             raise NoImplementationError(f"ops.{self.name} has no implementation for ({got}); registered: {known}")
-        self.cache[key] = best
+        if not torch.compiler.is_compiling():
+            # Dynamo would report a cache write during tracing as a side effect.
+            self.cache[key] = best
         return best
 
 

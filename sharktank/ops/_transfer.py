@@ -72,7 +72,8 @@ def record_transfers() -> Iterator[TransferLog]:
     try:
         yield log
     finally:
-        _logs.remove(log)
+        # By identity: logs are lists, and list.remove would drop the first *equal* one.
+        del _logs[next(i for i, x in enumerate(_logs) if x is log)]
 
 
 def is_tracing() -> bool:

@@ -243,7 +243,7 @@ def _reshard(t, spec: ShardingSpec):
     raise TypeError(f"ops.reshard: expected a ShardingSpec, found {spec!r}")
 
 
-@sharded_op(places_data=True)
+@sharded_op(nargs=2, places_data=True)
 def reshard_like(t: AnyTensor, like: ShardedTensor) -> ShardedTensor:
     """Bring ``t`` to ``like``'s placement, devices and pinned flag (see :func:`reshard`)."""
 

@@ -1,0 +1,48 @@
+"""Compiling multi-device MLIR with the IREE compiler (in-process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TARGETS", "Target", "compile_flags", "compile_mlir"]
+
+
+@dataclass(frozen=True)
+class Target:
+    device: str  # IREE device name; one `device[i]` flag per logical device
+    driver: str  # IREE runtime driver that runs it
+    arch_flag: str | None  # flag that takes --target-arch
+    default_arch: str | None
+    base_flags: tuple[str, ...] = ()
+
+
+TARGETS: dict[str, Target] = {
+    "cpu": Target("local", "local-task", "--iree-llvmcpu-target-cpu", "host", ("--iree-hal-local-target-device-backends=llvm-cpu",)),
+    "hip": Target("hip", "hip", "--iree-rocm-target", "gfx942"),
+    "cuda": Target("cuda", "cuda", "--iree-cuda-target", "sm_80"),
+}
+
+
+def compile_flags(device_count: int, target: str = "cpu", target_arch: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """Compiler flags: one ``--iree-hal-target-device=<dev>[i]`` per logical device.
+
+    The ``[i]`` ordinal matters: without it the compiler merges identical devices into one.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
+    if device_count < 1:
+        raise ValueError(f"device_count must be >= 1, found {device_count}")
+    t = TARGETS[target]
+    flags = ["--iree-input-type=torch", *t.base_flags]
+    flags += [f"--iree-hal-target-device={t.device}[{i}]" for i in range(device_count)]
+    arch = target_arch or t.default_arch
+    if t.arch_flag and arch:
+        flags.append(f"{t.arch_flag}={arch}")
+    return flags + list(extra)
+
+
+def compile_mlir(mlir: str, device_count: int, target: str = "cpu", target_arch: str | None = None, extra: tuple[str, ...] = ()) -> bytes:
+    """Compile MLIR text to a VM flatbuffer for ``device_count`` logical devices."""
+    import iree.compiler as ic
+
+    return ic.compile_str(mlir, extra_args=compile_flags(device_count, target, target_arch, extra))

@@ -1,0 +1,42 @@
+"""A small multi-device runtime session.
+
+Devices are created once and kept for the session's lifetime; results are copied to host
+numpy arrays before they are returned, so no device buffer outlives its device.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Session"]
+
+
+class Session:
+    """``device_count`` devices of ``driver`` and one compiled module."""
+
+    def __init__(self, vmfb: bytes, device_count: int, driver: str = "local-task"):
+        import iree.runtime as rt
+
+        self._rt = rt
+        self.instance = rt.VmInstance()
+        drv = rt.get_driver(driver)
+        # get_device() is cached and would hand back one device N times: create each one.
+        self.devices = [drv.create_default_device() for _ in range(device_count)]
+        hal = rt.create_hal_module(self.instance, devices=self.devices)
+        self.module = rt.VmModule.copy_buffer(self.instance, vmfb)
+        self.context = rt.VmContext(self.instance, modules=[hal, self.module])
+
+    def call(self, function: str, inputs: Sequence[np.ndarray], devices: Sequence[int]) -> list[np.ndarray]:
+        """Call ``function`` with ``inputs[i]`` placed on logical device ``devices[i]``."""
+        if len(inputs) != len(devices):
+            raise ValueError(f"{len(inputs)} inputs but {len(devices)} devices")
+        fn = self.module.lookup_function(function)
+        if fn is None:
+            raise KeyError(f"module has no function {function!r}")
+        invoker = self._rt.FunctionInvoker(self.context, self.devices[0], fn)
+        args = [self._rt.asdevicearray(self.devices[d], np.ascontiguousarray(a)) for a, d in zip(inputs, devices)]
+        res = invoker(*args)
+        res = res if isinstance(res, (list, tuple)) else [res]
+        return [np.array(r.to_host()) for r in res]
