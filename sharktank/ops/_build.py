@@ -28,8 +28,8 @@ class ShardingError(ValueError):
 def split_of(shards: Sequence[torch.Tensor], dim: int, devices: tuple[int, ...]) -> SplitPrimitiveTensor:
     shards = tuple(shards)
     shape = list(shards[0].shape)
-    shape[dim] = sum(s.shape[dim] for s in shards)
-    return SplitPrimitiveTensor._make(shards, devices, torch.Size(shape), shard_dim=dim)
+    shape[dim] = sum([s.shape[dim] for s in shards])
+    return SplitPrimitiveTensor._make(shards, devices, torch.Size(shape), dim)
 
 
 def replicated_of(shards: Sequence[torch.Tensor], devices: tuple[int, ...]) -> ReplicatedTensor:

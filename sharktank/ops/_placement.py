@@ -103,7 +103,10 @@ def place_operands(op: str, args: tuple, kwargs: dict) -> tuple[tuple, dict, boo
     """
     ts: list[ShardedTensor] = []
     for a in args:
-        _collect(a, ts)
+        if isinstance(a, ShardedTensor):
+            ts.append(a)
+        elif isinstance(a, (list, tuple, dict)):
+            _collect(a, ts)
     if kwargs:
         for a in kwargs.values():
             _collect(a, ts)

@@ -35,6 +35,13 @@ def shardwise(op: str, fn: Callable, operands: tuple, kwargs: dict | None = None
     linear in them) or ``"first_shard"`` (add the other operands to shard 0 only).
     """
     kwargs = kwargs or {}
+    ref = operands[0]
+    if _all_alike(ref, operands) and (partial != "refuse" or not isinstance(ref, UnreducedTensor)):
+        # Fast path: same type, shape and split; no broadcasting or cutting.
+        out = [fn(*row, **kwargs) for row in zip(*[x._shards for x in operands])]
+        if out[0].shape == ref._shards[0].shape:
+            return type(ref)._make(tuple(out), ref._devices, ref._shape, getattr(ref, "shard_dim", None))
+        return like(ref, out)
     sharded = [x for x in operands if isinstance(x, ShardedTensor)]
     ref = sharded[0]
     n, devices = ref.shard_count, ref.devices
@@ -84,6 +91,24 @@ def shardwise(op: str, fn: Callable, operands: tuple, kwargs: dict | None = None
     if n_partial:
         return unreduced_of(out, devices)
     return replicated_of(out, devices)
+
+
+def _all_alike(ref, operands) -> bool:
+    """Same sharded type, global shape, devices and (for splits) split dim and sizes."""
+    t = type(ref)
+    if t not in _SHARDED_TYPES:
+        return False
+    shape, devices = ref._shape, ref._devices
+    for x in operands:
+        if type(x) is not t or x._shape != shape or x._devices != devices:
+            return False
+    if t is SplitPrimitiveTensor:
+        sizes = ref.shard_sizes
+        return all(x.shard_dim == ref.shard_dim and x.shard_sizes == sizes for x in operands)
+    return True
+
+
+_SHARDED_TYPES = (SplitPrimitiveTensor, ReplicatedTensor, UnreducedTensor)
 
 
 def _cut(x: torch.Tensor, rank: int, dim: int, sizes: list[int]) -> list[torch.Tensor]:

@@ -50,61 +50,67 @@ def _describe(x) -> str:
     return f"torch.Tensor shape {list(x.shape)}"
 
 
-def _pieces(x, dim: int | None, sizes, n: int, batch: bool = False):
-    """Per-shard values of a replicated/plain operand, cut along ``dim`` when given (a batch
-    dim of size 1, or one ``x`` lacks, broadcasts and is not cut)."""
-    shards = x.shards if isinstance(x, ShardedTensor) else (x,) * n
-    if dim is None:
-        return shards
-    if batch and (dim < 0 or x.shape[dim] == 1):
-        return shards
-    return [s.narrow(dim, o, z) for s, o, z in zip(shards, offsets(sizes), sizes)]
+# A plan says, for each operand, how to get its per-shard values: None (its own shards, or
+# the plain tensor repeated), or (dim, batch): cut it along dim by the other operand's shard
+# sizes; then the result kind ('R', 'P', 'S') and split dim. Plans depend only on types,
+# ranks and split dims, so they are cached.
+_PLANS: dict[tuple, tuple] = {}
 
 
-def plan_matmul(op: str, a, b, b_transposed: bool):
-    """Per-shard lhs and rhs values and the result's kind: ('R'|'P'|'S', result split dim)."""
+def _plan(op: str, a, b, b_transposed: bool) -> tuple:
     ra, rb = a.ndim, b.ndim
     if ra < 2 or rb < 2:
         raise ShardingError(f"ops.{op} on sharded tensors needs rank >= 2 operands, found {_describe(a)} and {_describe(b)}")
     r = max(ra, rb)
     b_k, b_n = (rb - 1, rb - 2) if b_transposed else (rb - 2, rb - 1)
     (ka, da), (kb, db) = _role(a, ra - 1, ra - 2), _role(b, b_k, b_n)
-    ref = a if isinstance(a, ShardedTensor) else b
-    n = ref.shard_count
-    if isinstance(a, ShardedTensor) and isinstance(b, ShardedTensor) and a.shard_count != b.shard_count:
-        raise ShardingError(f"ops.{op}: operands have {a.shard_count} and {b.shard_count} shards")
-
-    def refuse():
-        return ShardingError(
-            f"ops.{op}: no local computation for lhs {_describe(a)} with rhs {_describe(b)}"
-            f"{' (transposed)' if b_transposed else ''}; reshard or all_gather one operand first"
-        )
-
-    if ka == "R" and kb == "R":
-        return _pieces(a, None, None, n), _pieces(b, None, None, n), ("R", None)
-    if ka == "P" and kb == "R":
-        return a.shards, _pieces(b, None, None, n), ("P", None)
-    if ka == "R" and kb == "P":
-        return _pieces(a, None, None, n), b.shards, ("P", None)
+    if ka in ("R", "P") and kb in ("R", "P") and not (ka == kb == "P"):
+        return None, None, "P" if "P" in (ka, kb) else "R", None
     if ka == "k" and kb == "k":
-        if a.shard_sizes != b.shard_sizes:
-            raise ShardingError(f"ops.{op}: k is split into {a.shard_sizes} on lhs but {b.shard_sizes} on rhs")
-        return a.shards, b.shards, ("P", None)
+        return None, None, "P", None
     if ka == "k" and kb == "R":
-        return a.shards, _pieces(b, b_k, a.shard_sizes, n), ("P", None)
+        return None, (b_k, False), "P", None
     if ka == "R" and kb == "k":
-        return _pieces(a, ra - 1, b.shard_sizes, n), b.shards, ("P", None)
+        return (ra - 1, False), None, "P", None
     if ka in ("free", "batch") and kb == "R":
-        out_dim = da + r - ra
-        cut = da + rb - ra if ka == "batch" else None
-        return a.shards, _pieces(b, cut, a.shard_sizes, n, batch=True), ("S", out_dim)
+        return None, ((da + rb - ra, True) if ka == "batch" else None), "S", da + r - ra
     if ka == "R" and kb in ("free", "batch"):
-        out_dim = r - 1 if kb == "free" else db + r - rb
-        cut = db + ra - rb if kb == "batch" else None
-        return _pieces(a, cut, b.shard_sizes, n, batch=True), b.shards, ("S", out_dim)
-    if ka == "batch" and kb == "batch" and da + r - ra == db + r - rb and a.shard_sizes == b.shard_sizes:
-        return a.shards, b.shards, ("S", da + r - ra)
-    raise refuse()
+        return ((db + ra - rb, True) if kb == "batch" else None), None, "S", (r - 1 if kb == "free" else db + r - rb)
+    if ka == "batch" and kb == "batch" and da + r - ra == db + r - rb:
+        return None, None, "S", da + r - ra
+    raise ShardingError(
+        f"ops.{op}: no local computation for lhs {_describe(a)} with rhs {_describe(b)}"
+        f"{' (transposed)' if b_transposed else ''}; reshard or all_gather one operand first"
+    )
+
+
+def _per_shard(x, cut, sizes, n: int):
+    shards = x.shards if isinstance(x, ShardedTensor) else (x,) * n
+    if cut is None:
+        return shards
+    dim, batch = cut
+    if batch and (dim < 0 or x.shape[dim] == 1):
+        return shards  # a missing or size-1 batch dim broadcasts
+    return [s.narrow(dim, o, z) for s, o, z in zip(shards, offsets(sizes), sizes)]
+
+
+def plan_matmul(op: str, a, b, b_transposed: bool):
+    """Per-shard lhs and rhs values and the result's kind: ('R'|'P'|'S', result split dim)."""
+    key = (type(a), type(b), getattr(a, "shard_dim", None), getattr(b, "shard_dim", None), a.ndim, b.ndim, b_transposed)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(op, a, b, b_transposed)
+    cut_a, cut_b, kind, dim = plan
+    sa, sb = isinstance(a, ShardedTensor), isinstance(b, ShardedTensor)
+    if sa and sb and a.shard_count != b.shard_count:
+        raise ShardingError(f"ops.{op}: operands have {a.shard_count} and {b.shard_count} shards")
+    n = (a if sa else b).shard_count
+    if cut_a is None and cut_b is None and isinstance(a, SplitPrimitiveTensor) and isinstance(b, SplitPrimitiveTensor):
+        if a.shard_sizes != b.shard_sizes:
+            raise ShardingError(f"ops.{op}: lhs is split into {a.shard_sizes} but rhs into {b.shard_sizes}")
+    xs = _per_shard(a, cut_a, cut_a and b.shard_sizes, n)
+    ws = _per_shard(b, cut_b, cut_b and a.shard_sizes, n)
+    return xs, ws, (kind, dim)
 
 
 def _build(kind, dim, out, devices):
@@ -178,7 +184,7 @@ def _linear_sharded(x, weight, bias=None):
     if kind == "P":
         if isinstance(bias, SplitPrimitiveTensor):
             raise ShardingError(f"ops.linear: the result is unreduced but the bias is split ({_describe(bias)})")
-        bs = _pieces(bias, None, None, n)
+        bs = _per_shard(bias, None, None, n)
         out = [F.linear(xs[0], ws[0], bs[0])] + [F.linear(a, w) for a, w in zip(xs[1:], ws[1:])]
         return unreduced_of(out, devices)
     if kind == "S" and dim == max(x.ndim, 2) - 1:
@@ -188,11 +194,11 @@ def _linear_sharded(x, weight, bias=None):
                 raise ShardingError(f"ops.linear: bias split {bias.shard_sizes} does not match the output split {sizes}")
             bs = bias.shards
         else:
-            bs = _pieces(bias, 0, sizes, n)
+            bs = _per_shard(bias, (0, False), sizes, n)
     elif isinstance(bias, SplitPrimitiveTensor):
         raise ShardingError(f"ops.linear: bias {_describe(bias)} is split but the output is not split on its last dim")
     else:
-        bs = _pieces(bias, None, None, n)
+        bs = _per_shard(bias, None, None, n)
     return _build(kind, dim, [F.linear(a, w, b) for a, w, b in zip(xs, ws, bs)], devices)
 
 

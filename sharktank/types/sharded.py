@@ -67,16 +67,16 @@ class ShardedTensor:
         self.name = name
 
     @classmethod
-    def _make(cls, shards: tuple, devices: tuple[int, ...], shape: torch.Size, **fields: Any) -> "ShardedTensor":
-        """Trusted constructor for ops: no validation, unpinned, unnamed."""
+    def _make(cls, shards: tuple, devices: tuple[int, ...], shape: torch.Size, shard_dim: int | None = None) -> "ShardedTensor":
+        """Trusted constructor for ops (hot path): no validation, unpinned, unnamed."""
         self = object.__new__(cls)
         self._shards = shards
         self._devices = devices
         self._pinned = False
         self._shape = shape
         self.name = None
-        for k, v in fields.items():
-            setattr(self, k, v)
+        if shard_dim is not None:
+            self.shard_dim = shard_dim
         return self
 
     # --- metadata -------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class SplitPrimitiveTensor(ShardedTensor):
     ``torch.tensor_split`` sizes (the first ``size % shard_count`` shards are one larger).
     """
 
-    __slots__ = ("shard_dim",)
+    __slots__ = ("shard_dim", "_sizes")
 
     def __init__(
         self,
@@ -292,8 +292,13 @@ class SplitPrimitiveTensor(ShardedTensor):
 
     @property
     def shard_sizes(self) -> list[int]:
-        """Sizes of the shards along ``shard_dim``."""
-        return [s.shape[self.shard_dim] for s in self._shards]
+        """Sizes of the shards along ``shard_dim`` (a new list each time)."""
+        try:
+            sizes = self._sizes
+        except AttributeError:
+            d = self.shard_dim
+            sizes = self._sizes = tuple([s.shape[d] for s in self._shards])
+        return list(sizes)
 
     def _init_kwargs(self) -> dict[str, Any]:
         kw = super()._init_kwargs()
