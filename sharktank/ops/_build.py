@@ -62,6 +62,28 @@ def slice_pieces(x: torch.Tensor, dim: int, sizes: Sequence[int]) -> list[torch.
     return list(torch.split(x, list(sizes), dim=dim))
 
 
+def cut_like_split(shards: Sequence[torch.Tensor], dim: int, sizes: Sequence[int], op: str) -> list[torch.Tensor]:
+    """Per-shard pieces of a broadcast operand (replicated or plain: ``shards`` hold the whole
+    value) next to an operand split into ``sizes`` along the aligned ``dim``.
+
+    A dim of the split's total size is cut locally (no transfer); a size-1 or missing dim
+    broadcasts and is not cut. Anything else would broadcast the split dim itself, which the
+    shards cannot do locally: ShardingError.
+    """
+    n = len(sizes)
+    if dim < 0:
+        return list(shards)
+    size, total = shards[0].shape[dim], sum(sizes)
+    if size == total:
+        return [s.narrow(dim, o, z) for s, o, z in zip(shards, offsets(sizes), sizes)]
+    if size == 1:
+        return list(shards)
+    raise ShardingError(
+        f"ops.{op}: an operand of size {size} along the split dim broadcasts against a split "
+        f"dim of size {total} (split {list(sizes)} over {n} shards); replicate the split operand first"
+    )
+
+
 def norm_dim(dim: int, rank: int) -> int:
     if not -rank <= dim < max(rank, 1):
         raise IndexError(f"dim {dim} is out of range for a tensor of rank {rank}")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
-from ._build import ShardingError, like, offsets, replicated_of, split_of, unreduced_of
+from ._build import ShardingError, cut_like_split, like, replicated_of, split_of, unreduced_of
 from ._dispatch import sharded_op
 
 __all__ = ["elementwise", "add", "sub", "mul", "div", "to"]
@@ -76,10 +76,10 @@ def shardwise(op: str, fn: Callable, operands: tuple, kwargs: dict | None = None
         if isinstance(x, ShardedTensor):
             shards = x.shards
             if split_dim is not None and not isinstance(x, SplitPrimitiveTensor):
-                shards = [_cut(s, rank, split_dim, sizes)[i] for i, s in enumerate(shards)]
+                shards = cut_like_split(shards, split_dim - (rank - x.ndim), sizes, op)
             cols.append(shards)
         elif isinstance(x, torch.Tensor):
-            cols.append(_cut(x, rank, split_dim, sizes) if split_dim is not None else (x,) * n)
+            cols.append(cut_like_split((x,) * n, split_dim - (rank - x.ndim), sizes, op) if split_dim is not None else (x,) * n)
         else:
             cols.append((x,) * n)
 
@@ -109,13 +109,6 @@ def _all_alike(ref, operands) -> bool:
 
 
 _SHARDED_TYPES = (SplitPrimitiveTensor, ReplicatedTensor, UnreducedTensor)
-
-
-def _cut(x: torch.Tensor, rank: int, dim: int, sizes: list[int]) -> list[torch.Tensor]:
-    d = dim - (rank - x.ndim)
-    if d < 0 or x.shape[d] == 1:
-        return [x] * len(sizes)
-    return [x.narrow(d, o, s) for o, s in zip(offsets(sizes), sizes)]
 
 
 def _add_to_first(fn, operands, cols, kwargs, devices) -> UnreducedTensor:

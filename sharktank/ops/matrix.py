@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
-from ._build import ShardingError, offsets, replicated_of, split_of, unreduced_of
+from ._build import ShardingError, cut_like_split, offsets, replicated_of, split_of, unreduced_of
 from ._dispatch import sharded_op
 from .elementwise import add
 
@@ -84,13 +84,13 @@ def _plan(op: str, a, b, b_transposed: bool) -> tuple:
     )
 
 
-def _per_shard(x, cut, sizes, n: int):
+def _per_shard(x, cut, sizes, n: int, op: str = "matmul"):
     shards = x.shards if isinstance(x, ShardedTensor) else (x,) * n
     if cut is None:
         return shards
     dim, batch = cut
-    if batch and (dim < 0 or x.shape[dim] == 1):
-        return shards  # a missing or size-1 batch dim broadcasts
+    if batch:
+        return cut_like_split(shards, dim, sizes, op)  # batch dims broadcast
     return [s.narrow(dim, o, z) for s, o, z in zip(shards, offsets(sizes), sizes)]
 
 

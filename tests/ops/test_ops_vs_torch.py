@@ -82,3 +82,20 @@ def test_unreduced_refused_by_nonlinear_ops():
         with pytest.raises(ops.ShardingError, match="all_reduce"):
             fn()
     assert isinstance(ops.mul(u, 2.0), UnreducedTensor)
+
+
+def test_broadcasting_a_split_dim_is_refused_not_wrong():
+    # Found by the thorough hypothesis profile: a split dim of size 1 broadcast against 2.
+    a = place(torch.randn(1, 1), "S1", (0,))
+    with pytest.raises(ops.ShardingError, match="broadcasts against a split dim"):
+        ops.add(a, torch.randn(1, 2))
+    b = place(torch.randn(1, 3, 4), "S0", (0, 1))
+    with pytest.raises(ops.ShardingError, match="broadcasts against a split dim"):
+        ops.matmul(b, torch.randn(3, 4, 2))
+
+
+def test_size_one_dims_aligned_with_a_size_one_split_are_cut():
+    # Found by the thorough profile: q, k plain with batch 1 and v split on its batch of 1.
+    q, k, v = (torch.randn(1, 1, 1, 1) for _ in range(3))
+    got = ops.scaled_dot_product_attention(q, k, place(v, "S0", (0, 1)))
+    torch.testing.assert_close(ops.unshard(got), torch.nn.functional.scaled_dot_product_attention(q, k, v))
