@@ -1,0 +1,5 @@
+"""Llama-family models."""
+
+from .config import LlamaConfig
+
+__all__ = ["LlamaConfig"]

@@ -1,0 +1,73 @@
+"""Llama-family hyperparameters."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["LlamaConfig"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # default hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # None, or the llama3 variant: {"rope_type": "llama3", "factor", "low_freq_factor",
+    # "high_freq_factor", "original_max_position_embeddings"}
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    max_seq_len: int = 2048
+    attention_bias: bool = False  # q/k/v biases (Qwen2)
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaConfig.{name} must be >= 1, found {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        return cls(**d)
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> "LlamaConfig":
+        """From a Hugging Face ``config.json`` dict (Llama, Mistral, Qwen2 layouts)."""
+        rope = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind != "llama3":
+                raise ValueError(f"unsupported rope scaling {kind!r}; supported: llama3")
+            scaling = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+            scaling["rope_type"] = "llama3"
+        heads = d["num_attention_heads"]
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-5),
+            rope_theta=d.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            rope_scaling=scaling,
+            max_seq_len=d.get("max_position_embeddings", 2048),
+            attention_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        )
