@@ -27,7 +27,8 @@ from .collectives import (
 )
 from .elementwise import add, div, elementwise, mul, sub, to
 from .matrix import linear, matmul
-from .nn import embedding_lookup, index_select, layer_norm, rms_norm, scaled_dot_product_attention, softmax
+from .index import index_put, index_select
+from .nn import embedding_lookup, layer_norm, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
 from .shape import cat, expand, flatten, permute, reshape, transpose, unflatten, view
 
@@ -71,6 +72,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "embedding_lookup",
     "index_select",
+    "index_put",
     "sum",
     "mean",
     "argmax",

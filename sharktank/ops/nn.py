@@ -1,4 +1,4 @@
-"""Neural-network ops: softmax, norms, attention, embedding lookup, index_select.
+"""Neural-network ops: softmax, norms, attention, embedding lookup.
 
 Rule: each op normalizes or gathers along some dims; a split on any other dim stays
 split and the op runs shard by shard (replicated and plain operands are cut locally to
@@ -16,7 +16,7 @@ from ._build import ShardingError, like, norm_dim, offsets, unreduced_of
 from ._dispatch import sharded_op
 from .elementwise import shardwise
 
-__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "embedding_lookup", "index_select"]
+__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "embedding_lookup"]
 
 AnyTensor = torch.Tensor | ShardedTensor
 
@@ -110,31 +110,63 @@ def scaled_dot_product_attention(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
 ) -> AnyTensor:
     """``torch.nn.functional.scaled_dot_product_attention`` on ``[..., L, E]`` operands with an
-    optional additive or boolean mask ``a``. Sharded: q, k and v split on the same head or
-    batch dim (not the last two), or replicated; the mask is cut to match."""
+    optional additive or boolean mask ``a``. ``enable_gqa``: k and v may have fewer heads
+    (dim -3) than q, each serving a group of consecutive q heads. Sharded: q, k and v split on
+    the same head or batch dim (not the last two; with GQA, heads split into the same number
+    of groups per shard), or replicated; the mask is cut to match."""
 
 
 @scaled_dot_product_attention.register(torch.Tensor, torch.Tensor, torch.Tensor)
-def _sdpa_torch(q, k, v, a=None, *, is_causal=False, scale=None):
+def _sdpa_torch(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=False):
     if isinstance(a, ShardedTensor):
-        return _sdpa_sharded(q, k, v, a, is_causal=is_causal, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=is_causal, scale=scale)
+        return _sdpa_sharded(q, k, v, a, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 @scaled_dot_product_attention.register(object, object, object)
-def _sdpa_sharded(q, k, v, a=None, *, is_causal=False, scale=None):
+def _sdpa_sharded(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=False):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _refuse_dims("scaled_dot_product_attention", t, [t.ndim - 2, t.ndim - 1])
+    if enable_gqa and q.shape[-3] != k.shape[-3] and any(isinstance(t, SplitPrimitiveTensor) for t in (q, k, v)):
+        return _sdpa_gqa(q, k, v, a, is_causal=is_causal, scale=scale)
     if a is not None:
         _refuse_dims("scaled_dot_product_attention", a, [a.ndim - 2, a.ndim - 1])
     operands = (q, k, v) if a is None else (q, k, v, a)
 
     def fn(q_, k_, v_, a_=None):
-        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=a_, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(
+            q_, k_, v_, attn_mask=a_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
 
     return shardwise("scaled_dot_product_attention", fn, operands)
+
+
+def _sdpa_gqa(q, k, v, a, *, is_causal, scale):
+    # Heads differ between q and k/v, so the elementwise alignment does not apply: every
+    # sharded operand must be split on the head dim (-3) into the same number of groups.
+    op = "scaled_dot_product_attention"
+    ts = [t for t in (q, k, v, a) if isinstance(t, ShardedTensor)]
+    n, devices = ts[0].shard_count, ts[0].devices
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not (isinstance(t, SplitPrimitiveTensor) and t.shard_dim == t.ndim - 3):
+            raise ShardingError(f"ops.{op} with GQA needs q, k and v split on the head dim (-3); {name} is {t!r}")
+    groups = q.shape[-3] // k.shape[-3]
+    if [s * groups for s in k.shard_sizes] != q.shard_sizes or k.shard_sizes != v.shard_sizes:
+        raise ShardingError(
+            f"ops.{op}: q heads split {q.shard_sizes} do not line up with kv heads split {k.shard_sizes} "
+            f"(groups of {groups}); split kv heads evenly across shards"
+        )
+    if isinstance(a, SplitPrimitiveTensor) or isinstance(a, UnreducedTensor):
+        raise ShardingError(f"ops.{op} with GQA takes a replicated or plain mask")
+    masks = a.shards if isinstance(a, ReplicatedTensor) else (a,) * n
+    out = [
+        F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m, is_causal=is_causal, scale=scale, enable_gqa=True)
+        for q_, k_, v_, m in zip(q.shards, k.shards, v.shards, masks)
+    ]
+    return like(q, out)
 
 
 @sharded_op(nargs=2)
@@ -183,24 +215,3 @@ def _embedding_sharded(input, embedding_matrix, dtype=None):
     if isinstance(w, SplitPrimitiveTensor):
         return like(w, out, input.ndim)
     return like(input, out) if isinstance(input, ShardedTensor) else like(w, out)
-
-
-@sharded_op(nargs=3)
-def index_select(t: AnyTensor, dim: int, index: AnyTensor) -> AnyTensor:
-    """``torch.index_select``: ``dim`` must not be split; the index is replicated or plain."""
-
-
-index_select.register(torch.Tensor, int, torch.Tensor)(torch.index_select)
-
-
-@index_select.register(object, int, object)
-def _index_select(t, dim, index):
-    if isinstance(index, (SplitPrimitiveTensor, UnreducedTensor)):
-        raise ShardingError("ops.index_select: the index must be replicated or a plain tensor")
-    if not isinstance(t, ShardedTensor):
-        return like(index, [torch.index_select(t, dim, i) for i in index.shards])
-    d = norm_dim(dim, t.ndim)
-    if isinstance(t, SplitPrimitiveTensor) and t.shard_dim == d:
-        _refuse_dims("index_select", t, [d])
-    idx = index.shards if isinstance(index, ReplicatedTensor) else (index,) * t.shard_count
-    return like(t, [torch.index_select(s, d, i) for s, i in zip(t.shards, idx)])

@@ -156,6 +156,37 @@ def case_sdpa(draw, gen):
     )
 
 
+def case_sdpa_gqa(draw, gen):
+    b, kv, groups, lq, lk, e = (draw(st.integers(1, 3)) for _ in range(6))
+    q = _rand(gen, b, kv * groups, lq, e)
+    k, v = _rand(gen, b, kv, lk, e), _rand(gen, b, kv, lk, e)
+    mask = torch.rand((lq, lk), generator=gen) > 0.3
+    mask[:, 0] = True
+    return Built(
+        [q, k, v, mask],
+        lambda q_, k_, v_, m: ops.scaled_dot_product_attention(q_, k_, v_, m, enable_gqa=True),
+        lambda q_, k_, v_, m: F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m, enable_gqa=True),
+        [("R", "R", "R", "T"), ("R", "R", "R", "R")],
+        no_partial=(3,),
+        atol=1e-3,
+    )
+
+
+def case_index_put(draw, gen):
+    bsz, t, h, d = (draw(dims) for _ in range(4))
+    s = draw(st.integers(1, t))
+    cache, new = _rand(gen, bsz, t, h, d), _rand(gen, bsz, s, h, d)
+    start = torch.randint(0, t - s + 1, (bsz,), generator=gen)
+    rows = torch.arange(bsz)[:, None].expand(bsz, s)
+    cols = start[:, None] + torch.arange(s)[None, :]
+    return Built(
+        [cache, new],
+        lambda c, v: ops.index_put(c, [rows, cols], v),
+        lambda c, v: c.index_put((rows, cols), v),
+        [("S2", "S2"), ("S3", "S3"), ("R", "R"), ("R", "T")],
+    )
+
+
 def case_embedding(draw, gen):
     vocab, dim = draw(dims), draw(dims)
     ids = torch.randint(0, vocab, (draw(dims), draw(dims)), generator=gen)
@@ -347,6 +378,8 @@ CASES: dict[str, Callable] = {
     "layer_norm": case_layer_norm,
     "scaled_dot_product_attention": case_sdpa,
     "embedding_lookup": case_embedding,
+    "sdpa_gqa": case_sdpa_gqa,
+    "index_put": case_index_put,
     "index_select": case_index_select,
     "sum": case_reduce("sum"),
     "mean": case_reduce("mean"),

@@ -99,3 +99,20 @@ def test_size_one_dims_aligned_with_a_size_one_split_are_cut():
     q, k, v = (torch.randn(1, 1, 1, 1) for _ in range(3))
     got = ops.scaled_dot_product_attention(q, k, place(v, "S0", (0, 1)))
     torch.testing.assert_close(ops.unshard(got), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_gqa_attention_split_on_heads(n):
+    q, k, v = torch.randn(2, 8, 5, 4), torch.randn(2, 4, 5, 4), torch.randn(2, 4, 5, 4)
+    devices = tuple(range(n))
+    got = ops.scaled_dot_product_attention(
+        *(place(t, "S1", devices) for t in (q, k, v)), is_causal=True, enable_gqa=True
+    )
+    assert got.shard_dim == 1 and got.devices == devices
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(ops.unshard(got), want)
+    if n == 4:
+        with pytest.raises(ops.ShardingError, match="do not line up"):
+            ops.scaled_dot_product_attention(
+                place(q, "S1", (0, 1, 2)), place(k, "S1", (0, 1, 2)), place(v, "S1", (0, 1, 2)), enable_gqa=True
+            )
