@@ -1,0 +1,50 @@
+"""Rotary position embeddings (half-rotation layout, as Hugging Face Llama), with the llama3
+frequency scaling variant. Angles are computed in float32."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .. import ops
+
+__all__ = ["rope_inv_freq", "rotary_cos_sin", "apply_rotary"]
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
+    """Inverse frequencies ``theta ** (-2i / head_dim)`` for i < head_dim / 2 (float32).
+
+    llama3 scaling keeps high frequencies, divides low ones by ``factor`` and blends the band
+    between by the wavelength's position in the original context.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is None:
+        return inv
+    factor = scaling["factor"]
+    lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    blend = ((context / wavelen - lo) / (hi - lo)).clamp(0.0, 1.0)
+    # blend is 0 for long wavelengths (scaled by 1/factor) and 1 for short ones (kept).
+    return inv / factor * (1 - blend) + inv * blend
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``positions[..., None] * inv_freq``, doubled to the head dim and shaped
+    ``[*positions.shape, 1, head_dim]`` to broadcast over heads."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[..., None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def apply_rotary(x, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotate ``x`` (``[B, S, heads, head_dim]``, plain or split on heads) by the angles."""
+    return ops.elementwise(_rotate, x, cos, sin)

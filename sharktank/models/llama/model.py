@@ -1,0 +1,145 @@
+"""A Llama-family causal LM written once with sharktank.ops for every placement.
+
+The forward pass names no devices. Weights are pinned to their stage's device group;
+activations are not, so the placement rule moves the residual stream to each block's
+weights (``ops.transfer_if_needed`` at the top of a block, a no-op inside a stage) and the
+tensor-parallel collectives run inside the layers. A batch is split into microbatches, and
+microbatch ``i`` flows through path ``i % len(plan.paths)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ... import ops
+from ...layers import attention, rope_inv_freq, rotary_cos_sin, swiglu_ffn
+from ...parallel import ParallelPlan
+from ...types import ReplicatedTensor, SplitPrimitiveTensor
+from ...weights import Theta
+from .config import LlamaConfig
+from .sharding import shard_weights
+
+__all__ = ["LlamaModel", "KVCache"]
+
+
+@dataclass
+class KVCache:
+    """Per microbatch: its path, its batch rows, and one ``(k, v)`` pair per block, each
+    ``[rows, max_seq_len, kv_heads, head_dim]`` split on kv heads over the block's devices."""
+
+    paths: list[int]
+    rows: list[tuple[int, int]]
+    entries: list[list[tuple]] = field(default_factory=list)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.entries[0][0][0].shape[1]
+
+
+class LlamaModel:
+    """``prefill(tokens, cache) -> logits``, ``decode(tokens, cache, positions) -> logits`` and
+    greedy ``generate``; plain torch tensors in and out (tokens int64 ``[B, S]``, logits
+    ``[B, S, vocab]``)."""
+
+    def __init__(self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None):
+        self.config = config
+        self.plan = plan or ParallelPlan.from_tp_pp(config.num_layers)
+        if len(self.plan.stage_of_block) != config.num_layers:
+            raise ValueError(f"plan has {len(self.plan.stage_of_block)} blocks, the model {config.num_layers}")
+        self.stages = shard_weights(config, theta, self.plan)
+        self.dtype = theta["model.embed_tokens.weight"].dtype
+        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    # --- cache -----------------------------------------------------------------------------
+    def new_cache(self, batch: int, max_seq_len: int | None = None) -> KVCache:
+        """An empty cache for ``batch`` sequences, one entry per microbatch."""
+        c = self.config
+        t = max_seq_len or c.max_seq_len
+        count = min(batch, len(self.plan.paths))
+        bounds = torch.tensor_split(torch.arange(batch), count)
+        cache = KVCache(paths=[i % len(self.plan.paths) for i in range(count)], rows=[(int(b[0]), len(b)) for b in bounds])
+        for path, (_, rows) in zip(cache.paths, cache.rows):
+            entries = []
+            for stage, r in enumerate(self.plan.paths[path]):
+                devices = self.plan.devices(stage, r)
+                for _ in self.plan.blocks_of(stage):
+                    zeros = torch.zeros(rows, t, c.num_kv_heads, c.head_dim, dtype=self.dtype)
+                    entries.append(tuple(SplitPrimitiveTensor(shard_dim=2, ts=zeros, devices=devices, pinned=True) for _ in range(2)))
+            cache.entries.append(entries)
+        return cache
+
+    # --- forward ---------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
+        new keys and values into ``cache`` (its entries are replaced, not mutated)."""
+        if tokens.shape != positions.shape or tokens.ndim != 2:
+            raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, S]")
+        if int(positions.max()) >= cache.max_seq_len:
+            raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        logits = []
+        for m, (path, (start, rows)) in enumerate(zip(cache.paths, cache.rows)):
+            out, cache.entries[m] = self.forward_path(
+                tokens[start : start + rows], positions[start : start + rows], cache.entries[m], path
+            )
+            logits.append(out)
+        return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
+
+    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int):
+        """One microbatch through ``path``: ``(logits, new cache entries)``."""
+        c = self.config
+        plan = self.plan
+        first = self.stages[0][plan.paths[path][0]]
+        x = ops.embedding_lookup(ReplicatedTensor(ts=tokens, devices=first.devices), first.embed)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype)
+        new_entries = []
+        block = 0
+        for stage, r in enumerate(plan.paths[path]):
+            weights = self.stages[stage][r]
+            for w in weights.blocks.values():
+                # The residual stream follows the block's pinned weights (the placement rule).
+                x, _ = ops.transfer_if_needed(x, w["attn_norm"])
+                h = ops.rms_norm(x, w["attn_norm"], epsilon=c.rms_norm_eps)
+                a, kv = attention(
+                    h, w, entries[block], positions, cos, sin,
+                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                )
+                x = ops.add(x, a)
+                h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
+                x = ops.add(x, swiglu_ffn(h, w["gate"], w["up"], w["down"]))
+                new_entries.append(kv)
+                block += 1
+        x = ops.rms_norm(x, weights.norm, epsilon=c.rms_norm_eps)
+        return ops.unshard(ops.linear(x, weights.lm_head)), new_entries
+
+    # --- public entry points -----------------------------------------------------------------
+    def prefill(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits for a prompt ``[B, S]`` from position 0 (filling ``cache`` when given)."""
+        cache = cache or self.new_cache(tokens.shape[0], max(tokens.shape[1], 1))
+        positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1)
+        return self.forward(tokens, positions, cache)
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, 1, vocab]`` for one new token per sequence (``tokens`` ``[B]`` or
+        ``[B, 1]``) at ``positions`` ``[B]``."""
+        tokens = tokens.reshape(-1, 1)
+        return self.forward(tokens, positions.reshape(-1, 1).to(torch.int64), cache)
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding: the ``[B, max_new_tokens]`` ids that follow the prompt."""
+        b, s = tokens.shape
+        cache = self.new_cache(b, s + max_new_tokens)
+        logits = self.prefill(tokens, cache)
+        out = []
+        pos = torch.full((b,), s, dtype=torch.int64)
+        for i in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1)
+            out.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits = self.decode(nxt, cache, pos)
+                pos = pos + 1
+        return torch.stack(out, dim=1) if out else torch.empty(b, 0, dtype=torch.int64)
