@@ -119,11 +119,19 @@ def _all_reduce_unreduced(t):
     shape = t.shards[0].shape
     if n == 1:
         out = replicated_of(t.shards, devices)
-    else:
+    elif all(isinstance(d, int) for d in shape):
         sizes = split_sizes(t.shards[0].numel(), n)
         parts = [torch.split(s.reshape(-1), sizes) for s in t.shards]
         reduced = _scatter_reduce(parts, devices)
         out = replicated_of([g.reshape(shape) for g in _gather_pieces(reduced, devices, 0)], devices)
+    else:
+        # Symbolic sizes (tracing with dynamic dims): scatter along the last static dim.
+        d = max((i for i, x in enumerate(shape) if isinstance(x, int)), default=None)
+        if d is None:
+            raise ShardingError(f"ops.all_reduce: every dim of {list(shape)} is dynamic; cannot cut pieces")
+        sizes = split_sizes(shape[d], n)
+        parts = [torch.split(s, sizes, dim=d) for s in t.shards]
+        out = replicated_of(_gather_pieces(_scatter_reduce(parts, devices), devices, d), devices)
     return out.clone(pinned=True) if t.pinned else out
 
 

@@ -123,7 +123,16 @@ def scaled_dot_product_attention(
 def _sdpa_torch(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=False):
     if isinstance(a, ShardedTensor):
         return _sdpa_sharded(q, k, v, a, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _sdpa(q, k, v, a, is_causal, scale, enable_gqa)
+
+
+def _sdpa(q, k, v, a, is_causal, scale, gqa):
+    if gqa and q.shape[-3] != k.shape[-3]:
+        # Repeat KV heads here rather than passing enable_gqa: IREE 3.10's lowering of
+        # enable_gqa with a mask fails to compile ("mask sequence length ... mismatch").
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=a, is_causal=is_causal, scale=scale)
 
 
 @scaled_dot_product_attention.register(object, object, object)
@@ -137,9 +146,7 @@ def _sdpa_sharded(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=Fa
     operands = (q, k, v) if a is None else (q, k, v, a)
 
     def fn(q_, k_, v_, a_=None):
-        return F.scaled_dot_product_attention(
-            q_, k_, v_, attn_mask=a_, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-        )
+        return _sdpa(q_, k_, v_, a_, is_causal, scale, enable_gqa)
 
     return shardwise("scaled_dot_product_attention", fn, operands)
 
@@ -162,10 +169,7 @@ def _sdpa_gqa(q, k, v, a, *, is_causal, scale):
     if isinstance(a, SplitPrimitiveTensor) or isinstance(a, UnreducedTensor):
         raise ShardingError(f"ops.{op} with GQA takes a replicated or plain mask")
     masks = a.shards if isinstance(a, ReplicatedTensor) else (a,) * n
-    out = [
-        F.scaled_dot_product_attention(q_, k_, v_, attn_mask=m, is_causal=is_causal, scale=scale, enable_gqa=True)
-        for q_, k_, v_, m in zip(q.shards, k.shards, v.shards, masks)
-    ]
+    out = [_sdpa(q_, k_, v_, m, is_causal, scale, True) for q_, k_, v_, m in zip(q.shards, k.shards, v.shards, masks)]
     return like(q, out)
 
 

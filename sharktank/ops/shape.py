@@ -56,7 +56,8 @@ def _permute(t, dims):
 
 
 def _resolve_shape(shape: Sequence[int], numel: int, src) -> list[int]:
-    shape = [int(s) for s in shape]
+    # No int(): sizes may be symbolic while tracing, and int() would specialize them.
+    shape = list(shape)
     if shape.count(-1) > 1:
         raise ValueError(f"only one -1 allowed in shape {shape}")
     if -1 in shape:

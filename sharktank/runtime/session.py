@@ -16,7 +16,15 @@ __all__ = ["Session"]
 class Session:
     """``device_count`` devices of ``driver`` and one compiled module."""
 
-    def __init__(self, vmfb: bytes, device_count: int, driver: str = "local-task"):
+    def __init__(
+        self,
+        vmfb: bytes | str,
+        device_count: int,
+        driver: str = "local-task",
+        parameters: dict[str, list[str]] | None = None,
+    ):
+        """``vmfb``: module bytes or a path (mapped); ``parameters``: scope -> archive paths
+        (all archives of a scope go into one index, as IREE searches one provider per scope)."""
         import iree.runtime as rt
 
         self._rt = rt
@@ -24,9 +32,20 @@ class Session:
         drv = rt.get_driver(driver)
         # get_device() is cached and would hand back one device N times: create each one.
         self.devices = [drv.create_default_device() for _ in range(device_count)]
-        hal = rt.create_hal_module(self.instance, devices=self.devices)
-        self.module = rt.VmModule.copy_buffer(self.instance, vmfb)
-        self.context = rt.VmContext(self.instance, modules=[hal, self.module])
+        modules = [rt.create_hal_module(self.instance, devices=self.devices)]
+        if parameters:
+            providers = []
+            for scope, files in parameters.items():
+                index = rt.ParameterIndex()
+                for f in files:
+                    index.load(str(f))
+                providers.append(index.create_provider(scope=scope))
+            modules.append(rt.create_io_parameters_module(self.instance, *providers))
+        if isinstance(vmfb, (bytes, bytearray)):
+            self.module = rt.VmModule.copy_buffer(self.instance, vmfb)
+        else:
+            self.module = rt.VmModule.mmap(self.instance, str(vmfb))
+        self.context = rt.VmContext(self.instance, modules=[*modules, self.module])
 
     def call(self, function: str, inputs: Sequence[np.ndarray], devices: Sequence[int]) -> list[np.ndarray]:
         """Call ``function`` with ``inputs[i]`` placed on logical device ``devices[i]``."""

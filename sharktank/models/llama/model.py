@@ -88,17 +88,19 @@ class LlamaModel:
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int):
-        """One microbatch through ``path``: ``(logits, new cache entries)``."""
+    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None):
+        """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
+        the model's weights (export passes its module's parameters)."""
         c = self.config
         plan = self.plan
-        first = self.stages[0][plan.paths[path][0]]
+        stages = stages or self.stages
+        first = stages[0][plan.paths[path][0]]
         x = ops.embedding_lookup(ReplicatedTensor(ts=tokens, devices=first.devices), first.embed)
         cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype)
         new_entries = []
         block = 0
         for stage, r in enumerate(plan.paths[path]):
-            weights = self.stages[stage][r]
+            weights = stages[stage][r]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])

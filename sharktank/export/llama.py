@@ -1,0 +1,171 @@
+"""Exporting a (sharded) LlamaModel to one multi-device MLIR program.
+
+Functions, for each batch size ``B``:
+
+- ``prefill_bs{B}(tokens[B, S], positions[B, S], *cache) -> (logits[B, S, vocab], *cache)``
+  with a dynamic sequence length ``S``;
+- ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``.
+
+``cache`` is the model's KV cache flattened to one argument per shard (each on the device
+that owns its heads and layers). Tokens and positions are plain arguments on the first
+device of the first stage. Every weight shard is an external parameter in scope ``model``
+named ``{weight}@d{device}``, loaded on its own device, and written to that device's
+``device_{d}.irpa``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..models.llama.model import KVCache, LlamaModel
+from ..models.llama.sharding import StageWeights
+from ..types import ShardedTensor
+from .program import arg_devices
+
+__all__ = ["ExportedWeights", "lift_weights", "export_llama", "SCOPE"]
+
+SCOPE = "model"
+
+
+@dataclass
+class ExportedWeights:
+    module: torch.nn.Module
+    archives: dict[int, dict[str, torch.Tensor]]  # device -> {external name: tensor}
+
+
+class _Weights(torch.nn.Module):
+    """Every weight shard as a parameter tagged with its device and external name; rebuilds
+    the model's stage weights from them inside a traced function."""
+
+    def __init__(self, model: LlamaModel):
+        super().__init__()
+        from iree.turbine.aot import DeviceTensorTrait, ExternalTensorTrait
+
+        self.archives: dict[int, dict[str, torch.Tensor]] = {}
+        count = 0
+
+        def lift(t):
+            nonlocal count
+            if t is None:
+                return None
+            names = []
+            for shard, device in zip(t.shards, t.devices):
+                # A copy: traits stick to the tensor object, and shards may be views.
+                p = torch.nn.Parameter(shard.detach().clone().contiguous(), requires_grad=False)
+                external = f"{t.name}@d{device}"
+                DeviceTensorTrait(device).set(p)
+                ExternalTensorTrait(external_scope=SCOPE, external_name=external).set(p)
+                attr = f"w{count}"
+                count += 1
+                self.register_parameter(attr, p)
+                self.archives.setdefault(device, {})[external] = p.data
+                names.append(attr)
+            return (type(t), getattr(t, "shard_dim", None), t.devices, tuple(names))
+
+        self.recipe = [
+            [
+                StageWeights(
+                    devices=w.devices,
+                    blocks={b: {k: lift(v) for k, v in ws.items()} for b, ws in w.blocks.items()},
+                    embed=lift(w.embed),
+                    norm=lift(w.norm),
+                    lm_head=lift(w.lm_head),
+                )
+                for w in reps
+            ]
+            for reps in model.stages
+        ]
+
+    def stages(self) -> list[list[StageWeights]]:
+        def build(r):
+            if r is None:
+                return None
+            cls, dim, devices, names = r
+            kwargs = {"shard_dim": dim} if dim is not None else {}
+            return cls(ts=[getattr(self, n) for n in names], devices=devices, pinned=True, **kwargs)
+
+        return [
+            [
+                StageWeights(
+                    devices=w.devices,
+                    blocks={b: {k: build(v) for k, v in ws.items()} for b, ws in w.blocks.items()},
+                    embed=build(w.embed),
+                    norm=build(w.norm),
+                    lm_head=build(w.lm_head),
+                )
+                for w in reps
+            ]
+            for reps in self.recipe
+        ]
+
+
+def lift_weights(model: LlamaModel) -> ExportedWeights:
+    w = _Weights(model)
+    return ExportedWeights(w, w.archives)
+
+
+def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
+    leaves, spec = pytree.tree_flatten(cache.entries)
+    devices = arg_devices((cache.entries,))
+    return leaves, spec, devices
+
+
+def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq_len: int | None = None):
+    """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
+    where ``specs`` describes every function's arguments and results for the manifest."""
+    from iree.turbine import aot
+    from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
+
+    weights = lift_weights(model)
+    fxb = FxProgramsBuilder(weights.module)
+    t = max_seq_len or model.config.max_seq_len
+    first_device = model.plan.devices(0, model.plan.paths[0][0])[0]
+    specs: dict[str, dict] = {}
+
+    for b in batch_sizes:
+        cache = model.new_cache(b, t)
+        leaves, spec, cache_devices = _flat_cache(cache)
+        paths, rows = list(cache.paths), list(cache.rows)
+
+        def forward(module, tokens, positions, *cache_leaves):
+            entries = pytree.tree_unflatten(list(cache_leaves), spec)
+            stages = module.stages()
+            logits, new_entries = [], []
+            for m, (path, (start, n)) in enumerate(zip(paths, rows)):
+                out, e = model.forward_path(tokens[start : start + n], positions[start : start + n], entries[m], path, stages)
+                logits.append(out)
+                new_entries.append(e)
+            flat_new = pytree.tree_leaves(new_entries)
+            return (torch.cat(logits, 0) if len(logits) > 1 else logits[0], *flat_new)
+
+        devices = [first_device, first_device, *cache_devices]
+        arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
+        for kind, seq in (("prefill", 8), ("decode", 1)):
+            name = f"{kind}_bs{b}"
+            tokens = torch.zeros(b, seq, dtype=torch.int64)
+            positions = torch.arange(seq)[None, :].expand(b, seq).clone()
+            args = (tokens, positions, *[torch.zeros_like(x) for x in leaves])
+            dynamic = None
+            if kind == "prefill":
+                s = torch.export.Dim("seq_len", min=2, max=t)
+                dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
+            fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
+            specs[name] = {
+                "batch_size": b,
+                "args": [
+                    {"name": "tokens", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
+                    {"name": "positions", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
+                ]
+                + [
+                    {"name": f"cache.{i}", "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "device": d}
+                    for i, (x, d) in enumerate(zip(leaves, cache_devices))
+                ],
+                "results": [{"name": "logits", "shape": [b, "S" if kind == "prefill" else 1, model.config.vocab_size]}]
+                + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
+                "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
+            }
+    return aot.export(fxb), weights, specs
