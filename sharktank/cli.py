@@ -1,33 +1,316 @@
-"""The ``sharktank`` command line."""
+"""The ``sharktank`` command line: export, compile, run and inspect sharded models."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
+import time
+import tomllib
+from pathlib import Path
 
 from . import __version__
 
+_RECIPE_KEYS = {"model", "tp", "pp", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
+_DEFAULTS = {"tp": 1, "pp": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
 
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{what} must be comma-separated integers, found {text!r}") from None
+    if not values:
+        raise CliError(f"{what} is empty")
+    return values
+
+
+def _say(args, msg: str) -> None:
+    if not getattr(args, "json", False):
+        print(msg, file=sys.stderr, flush=True)
+
+
+# --- export ------------------------------------------------------------------------------------
+def _load_recipe(path: str) -> dict:
+    p = Path(path)
+    try:
+        recipe = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise CliError(f"recipe {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"recipe {p} is not valid TOML: {e}") from None
+    unknown = set(recipe) - _RECIPE_KEYS
+    if unknown:
+        raise CliError(f"recipe {p}: unknown keys {sorted(unknown)}; known: {sorted(_RECIPE_KEYS)}")
+    if isinstance(recipe.get("placement"), str) and not Path(recipe["placement"]).is_absolute():
+        recipe["placement"] = str(p.parent / recipe["placement"])  # relative to the recipe file
+    if isinstance(recipe.get("batch_sizes"), list):
+        recipe["batch_sizes"] = ",".join(str(b) for b in recipe["batch_sizes"])
+    return recipe
+
+
+def _export_settings(args) -> dict:
+    settings = dict(_DEFAULTS)
+    if args.recipe:
+        settings.update(_load_recipe(args.recipe))
+    for key in _RECIPE_KEYS:
+        value = getattr(args, key, None)
+        if value is not None and value != []:
+            settings[key] = value
+    if not settings.get("model"):
+        raise CliError("give --model (or a --recipe that names one)")
+    return settings
+
+
+def cmd_export(args) -> int:
+    import torch
+
+    from .export.artifact import export_artifact
+    from .models import load_model
+
+    s = _export_settings(args)
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if s["dtype"] is not None and s["dtype"] not in dtypes:
+        raise CliError(f"--dtype must be one of {sorted(dtypes)}, found {s['dtype']!r}")
+    _say(args, f"loading {s['model']} (tp={s['tp']}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
+    model = load_model(
+        s["model"], tp=int(s["tp"]), pp=s["pp"] and int(s["pp"]), placement=s["placement"],
+        dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]),
+    )
+    _say(args, model.plan.describe())
+    manifest = export_artifact(
+        model,
+        args.output_dir,
+        source=str(s["model"]),
+        batch_sizes=tuple(_ints(s["batch_sizes"], "--batch-sizes")),
+        max_seq_len=s["max_seq_len"] and int(s["max_seq_len"]),
+        target=s["target"],
+        target_arch=s["target_arch"],
+        extra_flags=tuple(s["compile_flags"]),
+        compile=not args.no_compile,
+        progress=lambda m: _say(args, m),
+    )
+    out = Path(args.output_dir)
+    summary = {
+        "output_dir": str(out),
+        "export_seconds": manifest["export_seconds"],
+        "compile_seconds": manifest["compile"]["seconds"] if manifest["compile"] else None,
+        "module_bytes": manifest["module"].get("vmfb_size"),
+        "parameter_bytes": sum(f["size"] for f in manifest["parameters"]["files"].values()),
+        "transfers": manifest["transfers"],
+        "device_count": manifest["device_count"],
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {out}: {summary['device_count']} devices, transfers per function {summary['transfers']}")
+    return 0
+
+
+# --- compile -----------------------------------------------------------------------------------
+def cmd_compile(args) -> int:
+    from .export.artifact import compile_artifact
+
+    manifest = compile_artifact(
+        args.dir, target=args.target, target_arch=args.target_arch, extra_flags=tuple(args.compile_flags or ()),
+        progress=lambda m: _say(args, m),
+    )
+    print(f"compiled {args.dir} for {manifest['compile']['target']} in {manifest['compile']['seconds']:.1f} s")
+    return 0
+
+
+# --- run ---------------------------------------------------------------------------------------
+def _eager_model(manifest: dict):
+    from .models.llama.model import LlamaModel
+    from .models.loading import load_weights
+    from .parallel import ParallelPlan
+
+    source = manifest["model"]["source"]
+    _, theta = load_weights(source)
+    import torch
+
+    dtype = getattr(torch, manifest["model"]["dtype"])
+    theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
+    p = manifest["parallel"]
+    plan = ParallelPlan(
+        p["tp"], tuple(p["stage_of_block"]), tuple(tuple(tuple(g) for g in r) for r in p["replicas"]), tuple(tuple(x) for x in p["paths"])
+    )
+    from .models.llama.config import LlamaConfig
+
+    return LlamaModel(LlamaConfig.from_dict(manifest["model"]["config"]), theta, plan)
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+    import torch
+
+    from .runtime import CompiledModel
+
+    rows = [_ints(r, "--tokens") for r in args.tokens.split(";")]
+    if len({len(r) for r in rows}) != 1:
+        raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
+    tokens = torch.tensor(rows, dtype=torch.int64)
+    model = CompiledModel(args.dir)
+    ids, logits = model.generate(tokens, args.max_new_tokens)
+    decode = [t * 1e3 for t in model.timings["decode"]]
+    result = {
+        "ids": ids.tolist() if len(rows) > 1 else ids[0].tolist(),
+        "prefill_ms": round(model.timings["prefill"][0] * 1e3, 3),
+        "decode_ms_per_token": {
+            "median": round(statistics.median(decode), 3) if decode else None,
+            "min": round(min(decode), 3) if decode else None,
+            "max": round(max(decode), 3) if decode else None,
+        },
+        "device_count": model.device_count,
+        "dtype": model.manifest["model"]["dtype"],
+    }
+    if args.compare_eager:
+        eager = _eager_model(model.manifest)
+        eager_ids = eager.generate(tokens, args.max_new_tokens)
+        # Compare step logits on the compiled module's own token path.
+        full = torch.cat([tokens, ids[:, :-1]], dim=1) if args.max_new_tokens > 1 else tokens
+        want = eager.prefill(full)[:, tokens.shape[1] - 1 :]
+        result["max_abs_error_vs_eager"] = float((logits.float() - want.float()).abs().max())
+        result["eager_ids_match"] = bool(torch.equal(eager_ids, ids))
+    if args.save_logits:
+        from .weights._files import atomic_file
+
+        with atomic_file(args.save_logits) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, logits.float().numpy())
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for row in ids.tolist():
+            print("generated ids:", " ".join(map(str, row)))
+        d = result["decode_ms_per_token"]
+        print(f"prefill {result['prefill_ms']:.2f} ms; decode {d['median']} ms/token (min {d['min']}, max {d['max']})")
+        if args.compare_eager:
+            print(f"max abs error vs eager torch: {result['max_abs_error_vs_eager']:.3g}; same ids as eager: {result['eager_ids_match']}")
+    return 0
+
+
+# --- inspect -----------------------------------------------------------------------------------
+def cmd_inspect(args) -> int:
+    from .runtime import read_manifest
+
+    m = read_manifest(args.dir)
+    p = m["parallel"]
+    per_device = {str(f["device"]): f["size"] for f in m["parameters"]["files"].values()}
+    info = {
+        "model": m["model"]["source"],
+        "dtype": m["model"]["dtype"],
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "device_count": m["device_count"],
+        "stages": [{"stage": s, "blocks": [b for b, x in enumerate(p["stage_of_block"]) if x == s], "devices": reps} for s, reps in enumerate(p["replicas"])],
+        "paths": p["paths"],
+        "parameter_bytes_per_device": per_device,
+        "transfers": m["transfers"],
+        "functions": sorted(m["functions"]),
+        "compile": m["compile"],
+        "versions": m["versions"],
+    }
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{info['model']} ({info['dtype']}), tp={info['tp']} pp={info['pp']}, {info['device_count']} devices")
+    for st in info["stages"]:
+        print(f"  stage {st['stage']}: blocks {st['blocks']} on {' | '.join(map(str, st['devices']))}")
+    print("  paths (replica per stage):", p["paths"])
+    print("parameter bytes per device:", ", ".join(f"{d}: {b}" for d, b in sorted(per_device.items(), key=lambda x: int(x[0]))))
+    print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
+    if m["compile"]:
+        print(f"compiled for {m['compile']['target']} in {m['compile']['seconds']} s with:", " ".join(m["compile"]["flags"]))
+    else:
+        print("not compiled (run `sharktank compile`)")
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from .models import SOURCES_HELP
+
     parser = argparse.ArgumentParser(
         prog="sharktank",
         description=(
             "Shard inference models across devices (tensor and pipeline parallelism), export them "
-            "to one multi-device IREE program, compile and run them. The sharded ops are the "
-            "Python API (sharktank.ops); the export, compile, run and inspect subcommands are "
-            "not written yet."
+            "to one multi-device IREE program, compile and run them."
         ),
     )
     parser.add_argument("--version", action="version", version=f"sharktank {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    e = sub.add_parser(
+        "export",
+        help="export (and compile) a sharded model to a directory",
+        description="Export a model sharded tp-way over pp pipeline stages (or as a placement file says) "
+        "to DIR: model.mlir, model.vmfb, one device_N.irpa of weight shards per device, manifest.json. "
+        "The previous DIR is kept intact if anything fails.",
+    )
+    e.add_argument("--model", help=f"what to export: {SOURCES_HELP}")
+    e.add_argument("--recipe", help="a TOML recipe (e.g. exports/toy-llama-tp2-pp2.toml); flags override its keys")
+    e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
+    e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
+    e.add_argument("--placement", help="placement directives (JSON: place/path directives)")
+    e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
+    e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="KV-cache length (default: the model's context)")
+    e.add_argument("--dtype", help="convert weights to float32, float16 or bfloat16")
+    e.add_argument("--target", choices=["cpu", "hip", "cuda"], help="compile target (default cpu)")
+    e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")
+    e.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
+    e.add_argument("--seed", type=int, help="seed for preset models' random weights (default 0)")
+    e.add_argument("--no-compile", action="store_true", help="stop after MLIR and parameters")
+    e.add_argument("--output-dir", required=True, help="output directory (created, or replaced if it is an earlier export)")
+    e.add_argument("--json", action="store_true", help="print one JSON object with timings, sizes and transfer counts")
+    e.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb.")
+    c.add_argument("dir")
+    c.add_argument("--target", choices=["cpu", "hip", "cuda"], help="compile target (default: as exported)")
+    c.add_argument("--target-arch", dest="target_arch", help="CPU name, ROCm arch or CUDA arch")
+    c.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
+    c.set_defaults(func=cmd_compile, json=False)
+
+    r = sub.add_parser("run", help="greedy generation with a compiled directory", description="Prefill the prompt, then decode greedily on the compiled module.")
+    r.add_argument("dir")
+    r.add_argument("--tokens", required=True, help="prompt token ids, comma-separated; several sequences of one length separated by ';' (the batch must be an exported batch size)")
+    r.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    r.add_argument("--compare-eager", action="store_true", help="also run eager torch and print the max logit error")
+    r.add_argument("--save-logits", help="write the logits of every step to this .npy file")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=cmd_run)
+
+    i = sub.add_parser("inspect", help="describe an exported directory", description="Devices per stage, parameter bytes per device, transfers per function, compile flags.")
+    i.add_argument("dir")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(func=cmd_inspect)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    del args
-    parser.print_help()
-    return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    from .parallel import PlanError
+    from .runtime import ArtifactError
+    from .weights import WeightsError
+
+    try:
+        return args.func(args)
+    except (CliError, ArtifactError, WeightsError, PlanError, FileExistsError, ValueError) as e:
+        print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sharktank {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -47,15 +47,21 @@ class Session:
             self.module = rt.VmModule.mmap(self.instance, str(vmfb))
         self.context = rt.VmContext(self.instance, modules=[*modules, self.module])
 
+    def place(self, array: np.ndarray, device: int):
+        """A device array of ``array`` on logical device ``device``."""
+        return self._rt.asdevicearray(self.devices[device], np.ascontiguousarray(array))
+
+    def invoke(self, function: str, inputs: Sequence) -> list:
+        """Call ``function`` on device arrays; returns device arrays (kept on their devices)."""
+        fn = self.module.lookup_function(function)
+        if fn is None:
+            raise KeyError(f"module has no function {function!r}")
+        res = self._rt.FunctionInvoker(self.context, self.devices[0], fn)(*inputs)
+        return list(res) if isinstance(res, (list, tuple)) else [res]
+
     def call(self, function: str, inputs: Sequence[np.ndarray], devices: Sequence[int]) -> list[np.ndarray]:
         """Call ``function`` with ``inputs[i]`` placed on logical device ``devices[i]``."""
         if len(inputs) != len(devices):
             raise ValueError(f"{len(inputs)} inputs but {len(devices)} devices")
-        fn = self.module.lookup_function(function)
-        if fn is None:
-            raise KeyError(f"module has no function {function!r}")
-        invoker = self._rt.FunctionInvoker(self.context, self.devices[0], fn)
-        args = [self._rt.asdevicearray(self.devices[d], np.ascontiguousarray(a)) for a, d in zip(inputs, devices)]
-        res = invoker(*args)
-        res = res if isinstance(res, (list, tuple)) else [res]
+        res = self.invoke(function, [self.place(a, d) for a, d in zip(inputs, devices)])
         return [np.array(r.to_host()) for r in res]

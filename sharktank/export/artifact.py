@@ -1,0 +1,176 @@
+"""An export artifact directory: MLIR, compiled module, per-device parameters, manifest.
+
+Layout of ``DIR``:
+
+- ``model.mlir``: the multi-device program (kept so ``sharktank compile`` can recompile);
+- ``model.vmfb``: the compiled module (absent after ``--no-compile``);
+- ``device_{d}.irpa``: the weight shards logical device ``d`` loads (scope ``model``);
+- ``manifest.json``: everything needed to run it (see :func:`export_artifact`).
+
+Everything is written into a temporary directory beside ``DIR`` and renamed into place
+when complete, so a failed or interrupted export leaves the previous ``DIR`` as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from ..models.llama.model import LlamaModel
+from ..weights import save_irpa
+from ..weights._files import atomic_dir, atomic_file, sha256_file
+from .compile import TARGETS, compile_flags, compile_mlir
+from .llama import SCOPE, export_llama
+from .program import count_transfers
+
+__all__ = ["MANIFEST", "export_artifact", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
+
+MANIFEST = "manifest.json"
+FORMAT, VERSION = "sharktank.artifact", 1
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("sharktank", "torch", "iree-turbine", "iree-base-compiler", "iree-base-runtime"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def host_cpu() -> str:
+    """The host CPU model and feature flags, short: a module compiled for ``host`` runs only on
+    a CPU with the same features."""
+    flags = model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    import hashlib
+
+    return f"{platform.machine()} {model} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]"
+
+
+def transfers_per_function(mlir: str) -> dict[str, int]:
+    """``flow.tensor.transfer`` count in each ``func.func`` of the MLIR text."""
+    out = {}
+    parts = re.split(r"(?=func\.func @)", mlir)
+    for part in parts[1:]:
+        name = re.match(r"func\.func @(\w+)", part).group(1)
+        out[name] = count_transfers(part)
+    return out
+
+
+def _may_replace(path: Path) -> bool:
+    return not any(path.iterdir()) or (path / MANIFEST).exists()
+
+
+def _compile_section(mlir: str, device_count: int, target: str, target_arch: str | None, extra: tuple[str, ...]):
+    t0 = time.perf_counter()
+    vmfb = compile_mlir(mlir, device_count, target, target_arch, extra)
+    seconds = time.perf_counter() - t0
+    info = {
+        "target": target,
+        "target_arch": target_arch or TARGETS[target].default_arch,
+        "driver": TARGETS[target].driver,
+        "flags": compile_flags(device_count, target, target_arch, extra),
+        "seconds": round(seconds, 3),
+        "host_cpu": host_cpu() if target == "cpu" and (target_arch or "host") == "host" else None,
+    }
+    return vmfb, info
+
+
+def export_artifact(
+    model: LlamaModel,
+    output_dir: str | Path,
+    *,
+    source: str,
+    batch_sizes: tuple[int, ...] = (1,),
+    max_seq_len: int | None = None,
+    target: str = "cpu",
+    target_arch: str | None = None,
+    extra_flags: tuple[str, ...] = (),
+    compile: bool = True,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
+    """Export (and compile) ``model`` into ``output_dir``; returns the manifest."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
+    plan = model.plan
+    t0 = time.perf_counter()
+    progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
+    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len)
+    mlir = str(output.mlir_module)
+    export_seconds = time.perf_counter() - t0
+    progress(f"exported in {export_seconds:.1f} s")
+    with atomic_dir(output_dir, may_replace=_may_replace) as tmp:
+        (tmp / "model.mlir").write_text(mlir)
+        files = {}
+        for device, tensors in sorted(weights.archives.items()):
+            name = f"device_{device}.irpa"
+            save_irpa(tmp / name, tensors)
+            files[name] = {"device": device, "size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
+        compile_info = None
+        if compile:
+            progress(f"compiling for {target} ({plan.device_count} devices)")
+            vmfb, compile_info = _compile_section(mlir, plan.device_count, target, target_arch, tuple(extra_flags))
+            (tmp / "model.vmfb").write_bytes(vmfb)
+            progress(f"compiled in {compile_info['seconds']:.1f} s")
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+            "parallel": plan.to_dict(),
+            "device_count": plan.device_count,
+            "functions": specs,
+            "transfers": transfers_per_function(mlir),
+            "parameters": {"scope": SCOPE, "files": files},
+            "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None},
+            "export_seconds": round(export_seconds, 3),
+            "compile": compile_info,
+            "versions": versions(),
+        }
+        if compile:
+            manifest["module"]["vmfb_sha256"] = sha256_file(tmp / "model.vmfb")
+            manifest["module"]["vmfb_size"] = (tmp / "model.vmfb").stat().st_size
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def compile_artifact(
+    directory: str | Path,
+    *,
+    target: str | None = None,
+    target_arch: str | None = None,
+    extra_flags: tuple[str, ...] = (),
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
+    """(Re)compile an artifact's ``model.mlir`` in place; returns the updated manifest."""
+    from ..runtime.compiled import read_manifest
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    target = target or (manifest["compile"] or {}).get("target", "cpu")
+    progress(f"compiling for {target} ({manifest['device_count']} devices)")
+    mlir = (directory / manifest["module"]["mlir"]).read_text()
+    vmfb, info = _compile_section(mlir, manifest["device_count"], target, target_arch, tuple(extra_flags))
+    progress(f"compiled in {info['seconds']:.1f} s")
+    with atomic_file(directory / "model.vmfb") as tmp:
+        tmp.write_bytes(vmfb)
+    manifest["compile"] = info
+    manifest["module"].update(vmfb="model.vmfb", vmfb_sha256=sha256_file(directory / "model.vmfb"), vmfb_size=len(vmfb))
+    manifest["versions"] = versions()
+    with atomic_file(directory / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1))
+    return manifest

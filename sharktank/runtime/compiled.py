@@ -1,0 +1,164 @@
+"""Running an export artifact with the IREE runtime: prefill, decode, greedy generation.
+
+:class:`CompiledModel` reads ``manifest.json``, checks it (paths stay inside the artifact,
+archives and module match their sha256, compiler and runtime versions agree, the CPU is
+the one a ``host`` module was built for, enough devices exist), creates the devices,
+loads every parameter archive into one index for scope ``model`` and places each input on
+the device its argument was exported for. The KV cache stays on the devices between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..weights._files import resolve_inside, sha256_file
+from .session import Session
+
+__all__ = ["ArtifactError", "read_manifest", "CompiledModel"]
+
+
+class ArtifactError(ValueError):
+    """An export artifact that cannot be run here; says what was expected and found."""
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    directory = Path(directory)
+    path = directory / "manifest.json"
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: no manifest.json (is this a `sharktank export` output directory?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    if manifest.get("format") != "sharktank.artifact":
+        raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {manifest.get('format')!r})")
+    return manifest
+
+
+def _check_file(directory: Path, name: str, sha: str | None, manifest: Path) -> Path:
+    try:
+        path = resolve_inside(directory, name, manifest=manifest)
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing (named by {manifest})")
+    if sha is not None and sha256_file(path) != sha:
+        raise ArtifactError(f"{path}: sha256 does not match {manifest}; the file changed or is corrupt")
+    return path
+
+
+class CompiledModel:
+    """A compiled artifact on its devices. ``prefill``/``decode`` take and return torch tensors."""
+
+    def __init__(self, directory: str | Path, *, verify: bool = True):
+        from ..export.artifact import host_cpu
+
+        self.directory = Path(directory)
+        m = self.manifest = read_manifest(self.directory)
+        mpath = self.directory / "manifest.json"
+        if not m["module"].get("vmfb") or not m.get("compile"):
+            raise ArtifactError(f"{self.directory}: not compiled yet; run `sharktank compile {self.directory}`")
+        built = m["versions"].get("iree-base-compiler")
+        here = metadata.version("iree-base-runtime")
+        if built != here:
+            raise ArtifactError(
+                f"{self.directory}: module built by iree-base-compiler {built}, but this runtime is "
+                f"iree-base-runtime {here}; they must match (recompile with `sharktank compile`)"
+            )
+        info = m["compile"]
+        if info.get("host_cpu") and info["host_cpu"] != host_cpu():
+            raise ArtifactError(
+                f"{self.directory}: compiled for host CPU {info['host_cpu']}, but this CPU is {host_cpu()}; "
+                f"recompile here with `sharktank compile {self.directory}` or export with --target-arch generic"
+            )
+        vmfb = _check_file(self.directory, m["module"]["vmfb"], m["module"].get("vmfb_sha256") if verify else None, mpath)
+        files = [
+            _check_file(self.directory, name, f["sha256"] if verify else None, mpath) for name, f in m["parameters"]["files"].items()
+        ]
+        self.device_count = m["device_count"]
+        self._check_devices(info["driver"])
+        self.session = Session(str(vmfb), self.device_count, info["driver"], {m["parameters"]["scope"]: [str(f) for f in files]})
+        self.vocab_size = m["model"]["config"]["vocab_size"]
+        self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
+
+    def _check_devices(self, driver: str) -> None:
+        if driver == "local-task":
+            return  # any number of logical CPU devices can be created
+        import iree.runtime as rt
+
+        try:
+            found = len(rt.get_driver(driver).query_available_devices())
+        except Exception as e:  # the driver itself is missing (no GPU runtime here)
+            raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices; the {driver} driver is unavailable ({e})") from None
+        if found < self.device_count:
+            raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices, found {found}")
+
+    # --- calls -----------------------------------------------------------------------------
+    def _function(self, kind: str, batch: int) -> tuple[str, dict]:
+        name = f"{kind}_bs{batch}"
+        spec = self.manifest["functions"].get(name)
+        if spec is None:
+            sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
+            raise ArtifactError(f"no {kind} function for batch size {batch}; exported batch sizes: {sizes}")
+        return name, spec
+
+    def new_cache(self, batch: int) -> list:
+        _, spec = self._function("prefill", batch)
+        cache = []
+        for a in spec["args"][2:]:
+            zeros = np.zeros(a["shape"], dtype=np.dtype(a["dtype"]) if a["dtype"] != "bfloat16" else np.uint16)
+            cache.append(self.session.place(zeros, a["device"]))
+        return cache
+
+    def _check_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, spec: dict) -> None:
+        if tokens.dtype != torch.int64 or tokens.ndim != 2:
+            raise ValueError(f"tokens must be int64 [B, S], found {tokens.dtype} {list(tokens.shape)}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        limit = spec["cache"]["max_seq_len"]
+        if int(positions.max()) >= limit:
+            raise ValueError(f"position {int(positions.max())} is past the exported cache length {limit}")
+
+    def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> tuple[torch.Tensor, list]:
+        name, spec = self._function(kind, tokens.shape[0])
+        self._check_tokens(tokens, positions, spec)
+        devices = [a["device"] for a in spec["args"]]
+        t0 = time.perf_counter()
+        inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1]), *cache]
+        out = self.session.invoke(name, inputs)
+        logits = torch.from_numpy(np.array(out[0].to_host()))
+        self.timings[kind].append(time.perf_counter() - t0)
+        return logits, list(out[1:])
+
+    def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
+        """``(logits [B, S, vocab], cache)`` for a prompt from position 0."""
+        cache = cache if cache is not None else self.new_cache(tokens.shape[0])
+        positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
+        return self.forward("prefill", tokens, positions, cache)
+
+    def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
+        return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64), cache)
+
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
+        b, s = tokens.shape
+        logits, cache = self.prefill(tokens)
+        steps = [logits[:, -1]]
+        ids = []
+        pos = torch.full((b,), s, dtype=torch.int64)
+        for i in range(max_new_tokens):
+            nxt = steps[-1].argmax(-1)
+            ids.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits, cache = self.decode(nxt, cache, pos)
+                steps.append(logits[:, -1])
+                pos = pos + 1
+        return torch.stack(ids, 1), torch.stack(steps, 1)

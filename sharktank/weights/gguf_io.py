@@ -1,0 +1,242 @@
+"""GGUF files of the ``llama`` architecture (f32, f16 and bf16 tensors).
+
+Tensor names and metadata keys follow llama.cpp. As there, attn_q/attn_k weights (and
+biases) are stored with each head's rows interleaved for llama.cpp's pairwise rotary
+embedding: :func:`save_gguf` interleaves from the Hugging Face layout and
+:func:`load_gguf` undoes it, so a round trip returns the Hugging Face tensors exactly.
+GGUF lists dims fastest-first (ggml ``ne``); the ``gguf`` library reverses them to numpy
+order on both sides, which is the torch order used here.
+
+llama3 rope scaling has no llama.cpp metadata keys (llama.cpp bakes it into a
+``rope_freqs`` tensor), so it is kept under ``sharktank.rope_scaling.*``. The files carry
+no tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..models.llama.config import LlamaConfig
+from ..types import ShardedTensor
+from ._files import atomic_file
+from .errors import WeightsError
+from .llama_layout import layout_problem, llama_shapes
+from .theta import Theta
+
+__all__ = ["load_gguf", "save_gguf"]
+
+ARCH = "llama"
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_GGUF_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_SCALING_PREFIX = "sharktank.rope_scaling."
+# torch dtype <-> ggml type; numpy has no bfloat16, so bf16 travels as its uint16 bits.
+_GGML_TYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> None:
+    """Write a Hugging Face-layout Llama ``theta`` as a llama.cpp GGUF file.
+
+    ``theta`` must hold exactly the model's parameters (plain f32/f16/bf16 tensors)
+    with the shapes ``config`` implies. The file is written next to ``path`` and renamed
+    into place.
+    """
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    problem = layout_problem({n: t.shape for n, t in theta.items()}, config)
+    if problem is not None:
+        raise WeightsError(f"cannot save: {problem[1]}", path=path, tensor=problem[0])
+    with atomic_file(path) as tmp:
+        writer = GGUFWriter(str(tmp), ARCH)
+        for key, (kind, value) in _metadata(config).items():
+            getattr(writer, f"add_{kind}")(key, value)
+        for name in llama_shapes(config):
+            t = theta[name]
+            if isinstance(t, ShardedTensor) or t.dtype not in _GGML_TYPES:
+                what = type(t).__name__ if isinstance(t, ShardedTensor) else t.dtype
+                raise WeightsError(f"cannot save {what}; GGUF takes plain f32, f16 or bf16 tensors", path=path, tensor=name)
+            data = _interleave_rotary(name, t.detach().cpu(), config, to_gguf=True).contiguous()
+            ggml = GGMLQuantizationType[_GGML_TYPES[t.dtype]]
+            array = data.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else data.numpy()
+            writer.add_tensor(_to_gguf_name(name), array, raw_dtype=ggml)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+
+def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
+    """Read a llama GGUF file into (config, theta) in the Hugging Face layout.
+
+    Every tensor is checked against the config the metadata describes; a damaged file,
+    a missing key or tensor, or a wrong shape raises :class:`WeightsError` naming the
+    file (and the tensor or key).
+    """
+    from gguf import GGUFReader
+
+    if not Path(path).is_file():
+        raise WeightsError("GGUF file not found", path=path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/KeyError/IndexError... by case
+        raise WeightsError(f"not a readable GGUF file: {type(e).__name__}: {e}", path=path) from None
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    if fields.get("general.architecture") != ARCH:
+        raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected {ARCH!r}", path=path)
+    tensors: dict[str, torch.Tensor] = {}
+    rope_freqs = False
+    for rt in reader.tensors:
+        if rt.name == "rope_freqs.weight":  # llama.cpp's baked llama3 scaling; see _config
+            rope_freqs = True
+            continue
+        hf_name = _to_hf_name(rt.name)
+        if hf_name is None:
+            raise WeightsError("not a tensor of the llama architecture this loader knows", path=path, tensor=rt.name)
+        tensors[hf_name] = _tensor_from_reader(path, rt)
+    config = _config(path, fields, tensors, rope_freqs)
+    problem = layout_problem({n: t.shape for n, t in tensors.items()}, config)
+    if problem is not None:
+        name, reason = problem
+        raise WeightsError(f"{reason} (Hugging Face name {name})", path=path, tensor=_to_gguf_name(name))
+    return config, Theta({n: _interleave_rotary(n, tensors[n], config, to_gguf=False) for n in llama_shapes(config)})
+
+
+def _metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:
+    """GGUF key -> (writer value kind, value)."""
+    m: dict[str, tuple[str, Any]] = {
+        f"{ARCH}.vocab_size": ("uint32", config.vocab_size),
+        f"{ARCH}.context_length": ("uint32", config.max_seq_len),
+        f"{ARCH}.embedding_length": ("uint32", config.hidden_size),
+        f"{ARCH}.block_count": ("uint32", config.num_layers),
+        f"{ARCH}.feed_forward_length": ("uint32", config.intermediate_size),
+        f"{ARCH}.attention.head_count": ("uint32", config.num_heads),
+        f"{ARCH}.attention.head_count_kv": ("uint32", config.num_kv_heads),
+        f"{ARCH}.attention.key_length": ("uint32", config.head_dim),
+        f"{ARCH}.attention.value_length": ("uint32", config.head_dim),
+        f"{ARCH}.attention.layer_norm_rms_epsilon": ("float32", config.rms_norm_eps),
+        f"{ARCH}.rope.freq_base": ("float32", config.rope_theta),
+        f"{ARCH}.rope.dimension_count": ("uint32", config.head_dim),
+    }
+    if config.rope_scaling is not None:
+        m[_SCALING_PREFIX + "type"] = ("string", config.rope_scaling["rope_type"])
+        for k in _SCALING_KEYS:
+            m[_SCALING_PREFIX + k] = ("float64", float(config.rope_scaling[k]))
+    return m
+
+
+def _config(path, fields: dict[str, Any], tensors: dict[str, torch.Tensor], rope_freqs: bool) -> LlamaConfig:
+    def need(key: str) -> Any:
+        if key not in fields:
+            raise WeightsError(f"metadata key {key!r} is missing", path=path)
+        return fields[key]
+
+    if "model.embed_tokens.weight" not in tensors:
+        raise WeightsError("missing", path=path, tensor="token_embd.weight")
+    hidden, heads = int(need(f"{ARCH}.embedding_length")), int(need(f"{ARCH}.attention.head_count"))
+    scaling = None
+    if _SCALING_PREFIX + "type" in fields:
+        scaling = {"rope_type": fields[_SCALING_PREFIX + "type"]}
+        scaling.update({k: need(_SCALING_PREFIX + k) for k in _SCALING_KEYS})
+        scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
+    elif rope_freqs or any(k.startswith(f"{ARCH}.rope.scaling.") for k in fields):
+        # A file from llama.cpp's converter: the scaling parameters are not recoverable.
+        raise WeightsError("has rope scaling without sharktank.rope_scaling.* keys; cannot recover it", path=path)
+    try:
+        return LlamaConfig(
+            vocab_size=tensors["model.embed_tokens.weight"].shape[0],
+            hidden_size=hidden,
+            intermediate_size=int(need(f"{ARCH}.feed_forward_length")),
+            num_layers=int(need(f"{ARCH}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(fields.get(f"{ARCH}.attention.head_count_kv", heads)),
+            head_dim=int(fields.get(f"{ARCH}.attention.key_length", hidden // heads)),
+            rms_norm_eps=_f32_decimal(need(f"{ARCH}.attention.layer_norm_rms_epsilon")),
+            rope_theta=_f32_decimal(fields.get(f"{ARCH}.rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_seq_len=int(need(f"{ARCH}.context_length")),
+            attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
+            tie_word_embeddings="lm_head.weight" not in tensors,
+        )
+    except (ValueError, TypeError, ZeroDivisionError) as e:
+        raise WeightsError(f"metadata does not describe a Llama model: {e}", path=path) from None
+
+
+def _f32_decimal(value: float) -> float:
+    # The GGUF keys are float32: 1e-6 comes back as 9.99999997e-07. Take the shortest
+    # decimal that rounds to the same float32, i.e. the number that was written.
+    return float(str(np.float32(value)))
+
+
+def _tensor_from_reader(path, rt) -> torch.Tensor:
+    kind = rt.tensor_type.name
+    dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
+    if dtype is None:
+        raise WeightsError(f"ggml type {kind} is not supported (only F32, F16, BF16)", path=path, tensor=rt.name)
+    shape = [int(d) for d in reversed(rt.shape.tolist())]
+    data = torch.from_numpy(np.array(rt.data, copy=True))
+    if dtype == torch.bfloat16:
+        data = data.view(torch.uint8).reshape(-1).view(torch.bfloat16)
+    if data.numel() != int(np.prod(shape, dtype=np.int64)):
+        raise WeightsError(f"holds {data.numel()} values for shape {shape}", path=path, tensor=rt.name)
+    return data.reshape(shape)
+
+
+def _interleave_rotary(name: str, t: torch.Tensor, config: LlamaConfig, *, to_gguf: bool) -> torch.Tensor:
+    """Reorder the rows of each q/k head between the HF layout and llama.cpp's.
+
+    HF keeps a head's rotary pairs as (row j, row j + head_dim/2); llama.cpp keeps them
+    adjacent (rows 2j, 2j+1).
+    """
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        heads = config.num_heads
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        heads = config.num_kv_heads
+    else:
+        return t
+    half, rest = config.head_dim // 2, t.shape[1:]
+    split = (heads, 2, half) if to_gguf else (heads, half, 2)
+    return t.reshape(*split, *rest).transpose(1, 2).reshape(t.shape)
+
+
+def _to_gguf_name(hf: str) -> str:
+    if hf in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf]
+    m = _HF_LAYER.fullmatch(hf)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"no GGUF name for {hf!r}")
+    return f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def _to_hf_name(gguf: str) -> str | None:
+    for hf, g in _GLOBAL_NAMES.items():
+        if g == gguf:
+            return hf
+    m = _GGUF_LAYER.fullmatch(gguf)
+    if m is None:
+        return None
+    for hf_mid, g_mid in _LAYER_NAMES.items():
+        if g_mid == m.group(2):
+            return f"model.layers.{m.group(1)}.{hf_mid}.{m.group(3)}"
+    return None

@@ -1,0 +1,53 @@
+"""The Hugging Face Llama tensor layout a config implies: names and shapes."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..models.llama.config import LlamaConfig
+
+__all__ = ["llama_shapes", "layout_problem"]
+
+
+def llama_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter a Llama model with ``config`` has, name -> shape, in model order."""
+    h, hd, ffn = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (q, h)
+        shapes[p + "self_attn.k_proj.weight"] = (kv, h)
+        shapes[p + "self_attn.v_proj.weight"] = (kv, h)
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, q)
+        shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
+        shapes[p + "mlp.up_proj.weight"] = (ffn, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, ffn)
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
+
+
+def layout_problem(found: Mapping[str, Sequence[int]], config: LlamaConfig) -> tuple[str, str] | None:
+    """The first disagreement of ``found`` (name -> shape) with ``config``, as (name, reason).
+
+    Missing tensors are reported first, then wrong shapes, then unexpected names.
+    """
+    expected = llama_shapes(config)
+    for name in expected:
+        if name not in found:
+            return name, "missing"
+    for name, shape in expected.items():
+        if tuple(found[name]) != shape:
+            return name, f"shape {list(found[name])} disagrees with the config, which implies {list(shape)}"
+    for name in found:
+        if name not in expected:
+            return name, "unexpected for this config (not a parameter of the model it describes)"
+    return None
