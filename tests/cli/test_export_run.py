@@ -1,0 +1,158 @@
+"""The command line end to end: export (recipes), compile, run against eager, inspect; and the
+errors a user gets from broken or foreign artifacts."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sharktank(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "sharktank.cli", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+    if check and p.returncode != 0:
+        raise AssertionError(f"sharktank {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tp2pp2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "tp2pp2"
+    p = sharktank("export", "--recipe", ROOT / "exports" / "toy-llama-tp2-pp2.toml", "--output-dir", out, "--json")
+    return out, json.loads(p.stdout)
+
+
+def test_export_summary_and_manifest(tp2pp2):
+    out, summary = tp2pp2
+    # Per function: 4 blocks x 2 all_reduces x 2*2*1 transfers, 1 stage boundary x 2 shards, 1 LM-head gather.
+    assert summary["transfers"] == {"prefill_bs1": 35, "decode_bs1": 35}
+    assert summary["device_count"] == 4 and summary["module_bytes"] > 0 and summary["compile_seconds"] > 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parallel"]["tp"] == 2 and manifest["parallel"]["pp"] == 2
+    assert set(manifest["parameters"]["files"]) == {f"device_{d}.irpa" for d in range(4)}
+    for key in ("torch", "iree-turbine", "iree-base-compiler", "iree-base-runtime"):
+        assert manifest["versions"][key] != "unknown"
+    assert "--iree-hal-target-device=local[3]" in manifest["compile"]["flags"]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_each_device_loads_only_its_own_shards(tp2pp2):
+    out, _ = tp2pp2
+    mlir = (out / "model.mlir").read_text()
+    globals_ = re.findall(r'util\.global private @\S+ \{stream\.affinity = #hal\.device\.promise<@__device_(\d)>\} = #flow\.parameter\.named<"model"::"([^"]+)">', mlir)
+    assert len(globals_) > 50
+    for device, name in globals_:
+        assert name.endswith(f"@d{device}"), (device, name)
+    from sharktank.weights import irpa_keys
+
+    for d in range(4):
+        keys = irpa_keys(out / f"device_{d}.irpa")
+        assert keys and all(k.endswith(f"@d{d}") for k in keys)
+    assert {n for _, n in globals_} == {k for d in range(4) for k in irpa_keys(out / f"device_{d}.irpa")}
+
+
+def test_run_matches_eager(tp2pp2):
+    out, _ = tp2pp2
+    p = sharktank("run", out, "--tokens", "1,2,3,4,5", "--max-new-tokens", "6", "--compare-eager", "--json")
+    r = json.loads(p.stdout)
+    assert len(r["ids"]) == 6 and r["eager_ids_match"]
+    assert r["max_abs_error_vs_eager"] <= 1e-4
+    assert r["device_count"] == 4 and r["dtype"] == "float32" and r["decode_ms_per_token"]["median"] > 0
+
+
+def test_save_logits_and_inspect(tp2pp2, tmp_path):
+    import numpy as np
+
+    out, _ = tp2pp2
+    sharktank("run", out, "--tokens", "7,8", "--max-new-tokens", "3", "--save-logits", tmp_path / "l.npy")
+    logits = np.load(tmp_path / "l.npy")
+    assert logits.shape == (1, 3, 256)
+    info = json.loads(sharktank("inspect", out, "--json").stdout)
+    assert info["stages"][1]["devices"] == [[2, 3]] and info["transfers"]["decode_bs1"] == 35
+    assert set(info["parameter_bytes_per_device"]) == {"0", "1", "2", "3"}
+    text = sharktank("inspect", out).stdout
+    assert "stage 1: blocks [2, 3] on [2, 3]" in text
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_manifest(d: Path, fn) -> None:
+    m = json.loads((d / "manifest.json").read_text())
+    fn(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: (d / "device_2.irpa").write_bytes((d / "device_2.irpa").read_bytes()[:-64] + b"x" * 64), "device_2.irpa: sha256 does not match"),
+        (lambda d: (d / "device_1.irpa").unlink(), "device_1.irpa: missing"),
+        (lambda d: _edit_manifest(d, lambda m: m["parameters"]["files"].update({"../x.irpa": {"device": 0, "size": 1, "sha256": "0"}})), "x.irpa"),
+        (lambda d: _edit_manifest(d, lambda m: m["versions"].update({"iree-base-compiler": "3.13.0"})), "built by iree-base-compiler 3.13.0"),
+        (lambda d: _edit_manifest(d, lambda m: m["compile"].update({"host_cpu": "x86_64 Other CPU [000000000000]"})), "compiled for host CPU x86_64 Other CPU"),
+        (lambda d: _edit_manifest(d, lambda m: m.update({"format": "zip"})), "not a sharktank artifact"),
+        (lambda d: (d / "manifest.json").write_text("{"), "not valid JSON"),
+    ],
+)
+def test_broken_artifacts_give_one_clear_error(tp2pp2, tmp_path, breakage, message):
+    d = _copy(tp2pp2[0], tmp_path)
+    breakage(d)
+    p = sharktank("run", d, "--tokens", "1,2", check=False)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_runtime_misuse(tp2pp2):
+    out, _ = tp2pp2
+    for args, message in [
+        (["--tokens", "1,2;3,4"], "no prefill function for batch size 2; exported batch sizes: [1]"),
+        (["--tokens", "1,999"], "token ids must be in [0, 256)"),
+        (["--tokens", "1,2", "--max-new-tokens", "70"], "past the exported cache length 64"),
+        (["--tokens", "1,x"], "must be comma-separated integers"),
+    ]:
+        p = sharktank("run", out, *args, check=False)
+        assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_failed_export_keeps_the_previous_output(tp2pp2, tmp_path):
+    d = _copy(tp2pp2[0], tmp_path)
+    before = (d / "manifest.json").read_text()
+    p = sharktank("export", "--model", "toy-llama", "--tp", "3", "--output-dir", d, check=False)
+    assert p.returncode == 2 and "tp=3 must divide" in p.stderr
+    p = sharktank("export", "--model", "toy-llama", "--max-seq-len", "16", "--compile-flag=--no-such-flag", "--output-dir", d, check=False)
+    assert p.returncode != 0
+    assert (d / "manifest.json").read_text() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["copy"]  # no temp directory left behind
+
+
+def test_no_compile_then_compile_then_run(tmp_path):
+    d = tmp_path / "one"
+    sharktank("export", "--model", "toy-llama", "--max-seq-len", "16", "--no-compile", "--output-dir", d)
+    assert not (d / "model.vmfb").exists()
+    p = sharktank("run", d, "--tokens", "1,2", check=False)
+    assert p.returncode == 2 and "not compiled yet" in p.stderr
+    sharktank("compile", d)
+    r = json.loads(sharktank("run", d, "--tokens", "1,2,3", "--max-new-tokens", "3", "--compare-eager", "--json").stdout)
+    assert r["eager_ids_match"] and r["max_abs_error_vs_eager"] <= 1e-4
+    existing = tmp_path / "precious"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("keep me")
+    p = sharktank("export", "--model", "toy-llama", "--no-compile", "--output-dir", existing, check=False)
+    assert p.returncode == 2 and (existing / "notes.txt").read_text() == "keep me"
+
+
+def test_help_texts():
+    top = sharktank("--help").stdout
+    assert all(f"    {cmd} " in top for cmd in ("export", "compile", "run", "inspect"))
+    for cmd in ("export", "compile", "run", "inspect"):
+        assert "usage: sharktank " + cmd in sharktank(cmd, "--help").stdout

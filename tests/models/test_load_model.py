@@ -1,0 +1,94 @@
+"""load_model from every source gives the transformers logits (sharded and not)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import hf_llama
+from sharktank import ops
+from sharktank.models import load_model, save_model_irpa
+from sharktank.types import ShardedTensor, is_deep_equal
+from sharktank.weights import WeightsError, save_gguf, save_theta
+
+TOKENS = torch.tensor([[5, 17, 42, 3, 9, 60, 1, 33]])
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    ref, config, theta = hf_llama()
+    root = tmp_path_factory.mktemp("sources")
+    ref.save_pretrained(root / "hf", max_shard_size="40KB")  # several files + index
+    save_gguf(root / "model.gguf", config, theta)
+    save_model_irpa(root / "model.irpa", config, theta)
+    sharded = load_model(root / "hf", tp=2, pp=2)
+    save_theta(root / "theta", config, _theta_of(sharded))
+    with torch.no_grad():
+        want = ref(TOKENS).logits
+    return root, want
+
+
+def _theta_of(model):
+    from sharktank.weights import Theta
+
+    out = {}
+    for reps in model.stages:
+        w = reps[0]
+        for b, ws in w.blocks.items():
+            for t in ws.values():
+                out[t.name] = t
+        for t in (w.embed, w.norm, w.lm_head):
+            if t is not None:
+                out[t.name] = t
+    return Theta(out)
+
+
+@pytest.mark.parametrize("kind", ["hf", "model.gguf", "model.irpa", "theta"])
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 2)])
+def test_every_source_matches_transformers(sources, kind, tp, pp):
+    root, want = sources
+    model = load_model(root / kind, tp=tp, pp=pp)
+    assert (model.prefill(TOKENS) - want).abs().max().item() <= 1e-4
+
+
+def test_sharded_save_keeps_placement(sources):
+    from sharktank.weights import load_theta
+
+    root, _ = sources
+    _, theta = load_theta(root / "theta")
+    q = theta["model.layers.3.self_attn.q_proj.weight"]
+    assert isinstance(q, ShardedTensor) and q.devices == (2, 3) and q.pinned and q.shard_dim == 0
+    again = _theta_of(load_model(root / "hf", tp=2, pp=2))
+    assert all(is_deep_equal(theta[k], again[k]) for k in again)
+
+
+def test_toy_llama_is_deterministic_and_dtype_converts():
+    a, b = load_model("toy-llama"), load_model("toy-llama", tp=2, pp=2)
+    t = torch.tensor([[1, 2, 3, 4]])
+    assert (a.prefill(t) - b.prefill(t)).abs().max().item() <= 1e-5
+    assert torch.equal(a.generate(t, 4), b.generate(t, 4))
+    half = load_model("toy-llama", dtype=torch.float16)
+    assert half.prefill(t).dtype == torch.float16
+    assert load_model("toy-llama", seed=1).prefill(t).sub(a.prefill(t)).abs().max() > 0.1
+
+
+def test_placement_list_and_file(tmp_path):
+    placement = [
+        {"op": "place", "filter": {"PP": 0}, "devices": [0, 2]},
+        {"op": "place", "filter": {"PP": 1}, "devices": [1, 3]},
+    ]
+    m = load_model("toy-llama", placement=placement)
+    assert m.plan.pp == 2 and len(m.plan.paths) == 2
+    t = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with ops.record_transfers() as log:
+        got = m.prefill(t)
+    assert (got - load_model("toy-llama").prefill(t)).abs().max().item() <= 1e-5
+    assert sorted((x.src, x.dst) for x in log) == [(0, 1), (2, 3)]  # one boundary per microbatch
+
+
+def test_unknown_sources_are_clear_errors(tmp_path):
+    with pytest.raises(WeightsError, match="no such model source"):
+        load_model(tmp_path / "nope.bin")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightsError, match="neither config.json nor theta.json"):
+        load_model(tmp_path / "empty")
