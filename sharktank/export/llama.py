@@ -6,6 +6,9 @@ Functions, for each batch size ``B``:
   with a dynamic sequence length ``S``;
 - ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``.
 
+Logits and cache are in the model's dtype; bfloat16 logits are returned as their int16 bits
+(numpy, and so the IREE Python runtime, has no bfloat16), which the runtime reinterprets.
+
 ``cache`` is the model's KV cache flattened to one argument per shard (each on the device
 that owns its heads and layers). Tokens and positions are plain arguments on the first
 device of the first stage. Every weight shard is an external parameter in scope ``model``
@@ -119,12 +122,15 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
     where ``specs`` describes every function's arguments and results for the manifest."""
     from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
+    from iree.turbine.aot.decompositions import extend_aot_decompositions
 
     weights = lift_weights(model)
     fxb = FxProgramsBuilder(weights.module)
     t = max_seq_len or model.config.max_seq_len
     first_device = model.plan.devices(0, model.plan.paths[0][0])[0]
     specs: dict[str, dict] = {}
+    dtype_name = str(model.dtype).removeprefix("torch.")
+    logits_dtype = "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else dtype_name
 
     for b in batch_sizes:
         cache = model.new_cache(b, t)
@@ -140,7 +146,10 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)
-            return (torch.cat(logits, 0) if len(logits) > 1 else logits[0], *flat_new)
+            out = torch.cat(logits, 0) if len(logits) > 1 else logits[0]
+            if out.dtype == torch.bfloat16:
+                out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: return the bits
+            return (out, *flat_new)
 
         devices = [first_device, first_device, *cache_devices]
         arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
@@ -153,7 +162,10 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
             if kind == "prefill":
                 s = torch.export.Dim("seq_len", min=2, max=t)
                 dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
-            fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
+            # No extra decompositions: the IREE importer takes these graphs as traced, and
+            # turbine's default table re-traces every program (about half the export time).
+            with extend_aot_decompositions(from_current=False):
+                fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
             specs[name] = {
                 "batch_size": b,
                 "args": [
@@ -164,7 +176,13 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
                     {"name": f"cache.{i}", "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "device": d}
                     for i, (x, d) in enumerate(zip(leaves, cache_devices))
                 ],
-                "results": [{"name": "logits", "shape": [b, "S" if kind == "prefill" else 1, model.config.vocab_size]}]
+                "results": [
+                    {
+                        "name": "logits",
+                        "shape": [b, "S" if kind == "prefill" else 1, model.config.vocab_size],
+                        "dtype": logits_dtype,
+                    }
+                ]
                 + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }

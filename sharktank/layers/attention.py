@@ -32,13 +32,16 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
 
     t = k_cache.shape[1]
     mask = torch.arange(t)[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, S, T]
+    dtype = q.dtype
+    # Scores and softmax in float32 for half-precision models, as the references accumulate.
+    up = (lambda z: ops.to(z, torch.float32)) if dtype != torch.float32 else (lambda z: z)
     out = ops.scaled_dot_product_attention(
-        ops.transpose(q, 1, 2),
-        ops.transpose(k_cache, 1, 2),
-        ops.transpose(v_cache, 1, 2),
+        up(ops.transpose(q, 1, 2)),
+        up(ops.transpose(k_cache, 1, 2)),
+        up(ops.transpose(v_cache, 1, 2)),
         mask,
         enable_gqa=num_heads != num_kv_heads,
     )
-    out = ops.reshape(ops.transpose(out, 1, 2), [b, s, num_heads * head_dim])
+    out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b, s, num_heads * head_dim])
     y = ops.linear(out, w["o"])
     return (ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y), (k_cache, v_cache)

@@ -14,7 +14,7 @@ from ..types import ShardedTensor
 from ..weights import Theta, WeightsError
 from .llama.config import LlamaConfig
 from .llama.model import LlamaModel
-from .llama.presets import PRESETS, random_theta
+from .llama.presets import PRESET_DTYPES, PRESETS, random_theta
 
 __all__ = ["load_weights", "load_model", "save_model_irpa", "SOURCES_HELP"]
 
@@ -30,7 +30,7 @@ def load_weights(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConf
 
     if isinstance(source, str) and source in PRESETS:
         config = PRESETS[source]
-        return config, random_theta(config, seed)
+        return config, random_theta(config, seed, PRESET_DTYPES.get(source, torch.float32))
     path = Path(source)
     if path.is_dir():
         if (path / "theta.json").exists():
@@ -75,13 +75,16 @@ def load_model(
     """A model from ``source`` sharded ``tp``-way, in ``pp`` pipeline stages or as the
     ``placement`` directives say (a JSON file path or a list of directives).
 
-    ``source``: a preset name (``toy-llama``: seeded random weights), a Hugging Face checkpoint
-    directory, a saved sharded theta directory, a ``.gguf`` or an ``.irpa``. ``dtype`` converts
-    the weights (e.g. ``torch.float16``). The model's ``prefill(tokens) -> logits`` and
+    ``source``: a preset name (``toy-llama``, ``toy-llama-3l``: seeded random weights), a Hugging
+    Face checkpoint directory, a saved sharded theta directory, a ``.gguf`` or an ``.irpa``.
+    ``dtype`` (float32, float16 or bfloat16) converts the weights; activations follow them, with
+    norms, rotary angles and attention computed in float32 as the reference does. The model's ``prefill(tokens) -> logits`` and
     ``generate(tokens, max_new_tokens) -> ids`` take and return plain torch tensors.
     """
     config, theta = load_weights(source, seed=seed)
     if dtype is not None:
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, found {dtype}")
         theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
     if placement is not None:
         plan = plan_from_directives(placement, config.num_layers, tp=tp, pp=pp)

@@ -115,7 +115,9 @@ def _add_to_first(fn, operands, cols, kwargs, devices) -> UnreducedTensor:
     # Unreduced u plus replicated values r: sum_i(u_i) + r == (u_0 + r) + sum_{i>0} u_i.
     first = fn(*[c[0] for c in cols], **kwargs)
     u = next(x for x in operands if isinstance(x, UnreducedTensor))
-    rest = [s.to(first.dtype).expand(first.shape) for s in u.shards[1:]]
+    # contiguous(): an expanded (stride-0) shard would make a later ops.view fail where
+    # torch's view of the same value works (found by tests/reliability fuzzing, seed 5521).
+    rest = [s.to(first.dtype).expand(first.shape).contiguous() for s in u.shards[1:]]
     return unreduced_of([first, *rest], devices)
 
 

@@ -47,10 +47,10 @@ def _softmax(t, dim, dtype=None):
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
-    # Accumulate in float32, as reference implementations do, then return x's dtype.
+    # Normalize in float32 and scale in x's dtype, as the Hugging Face reference does.
     xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
-    return (y * weight.float()).to(x.dtype)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype)
+    return weight.to(x.dtype) * y
 
 
 @sharded_op(nargs=2)

@@ -37,16 +37,37 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if manifest.get("format") != "sharktank.artifact":
-        raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {manifest.get('format')!r})")
+    if not isinstance(manifest, dict) or manifest.get("format") != "sharktank.artifact":
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {found!r})")
+    for key, kind in _FIELDS.items():
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            raise ArtifactError(f"{path}: field {key!r} is missing or not {kind.__name__}")
+    if manifest["device_count"] < 1 or not isinstance(manifest["parameters"].get("files"), dict):
+        raise ArtifactError(f"{path}: device_count must be >= 1 and parameters.files an object")
+    if not isinstance(manifest.get("compile"), (dict, type(None))):
+        raise ArtifactError(f"{path}: field 'compile' must be an object or null")
+    # Every reader (run, compile, inspect) may open these: none may lead outside the directory.
+    module = manifest["module"]
+    for name in (module.get("mlir"), module.get("vmfb"), *manifest["parameters"]["files"]):
+        if name is not None:
+            _inside(directory, name, path)
     return manifest
 
 
-def _check_file(directory: Path, name: str, sha: str | None, manifest: Path) -> Path:
+def _inside(directory: Path, name: Any, manifest: Path) -> Path:
     try:
-        path = resolve_inside(directory, name, manifest=manifest)
-    except ValueError as e:
+        return resolve_inside(directory, name, manifest=manifest)
+    except ValueError as e:  # WeightsError: absolute, '..' or a symlink leading outside
         raise ArtifactError(str(e)) from None
+
+
+# The manifest fields every reader relies on, with their JSON types.
+_FIELDS = {"model": dict, "parallel": dict, "device_count": int, "functions": dict, "parameters": dict, "module": dict, "versions": dict}
+
+
+def _check_file(directory: Path, name: str, sha: str | None, manifest: Path) -> Path:
+    path = _inside(directory, name, manifest)
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (named by {manifest})")
     if sha is not None and sha256_file(path) != sha:
@@ -84,7 +105,10 @@ class CompiledModel:
         ]
         self.device_count = m["device_count"]
         self._check_devices(info["driver"])
-        self.session = Session(str(vmfb), self.device_count, info["driver"], {m["parameters"]["scope"]: [str(f) for f in files]})
+        try:
+            self.session = Session(str(vmfb), self.device_count, info["driver"], {m["parameters"]["scope"]: [str(f) for f in files]})
+        except (RuntimeError, ValueError) as e:  # the runtime's own words, first line only
+            raise ArtifactError(f"{self.directory}: the module does not load with its parameters: {str(e).splitlines()[0]}") from None
         self.vocab_size = m["model"]["config"]["vocab_size"]
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
 
@@ -111,44 +135,69 @@ class CompiledModel:
 
     def new_cache(self, batch: int) -> list:
         _, spec = self._function("prefill", batch)
+        import iree.runtime as rt
+
         cache = []
         for a in spec["args"][2:]:
-            zeros = np.zeros(a["shape"], dtype=np.dtype(a["dtype"]) if a["dtype"] != "bfloat16" else np.uint16)
-            cache.append(self.session.place(zeros, a["device"]))
+            if a["dtype"] == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
+                arr = self.session.place(np.zeros(a["shape"], np.uint16), a["device"], rt.HalElementType.BFLOAT_16)
+            else:
+                arr = self.session.place(np.zeros(a["shape"], np.dtype(a["dtype"])), a["device"])
+            cache.append(arr)
         return cache
 
-    def _check_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, spec: dict) -> None:
-        if tokens.dtype != torch.int64 or tokens.ndim != 2:
-            raise ValueError(f"tokens must be int64 [B, S], found {tokens.dtype} {list(tokens.shape)}")
+    def _check_inputs(self, name: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, spec: dict) -> None:
+        # The module does not bound-check ids or positions: an id past the vocabulary or a
+        # negative position indexes outside its buffers (garbage, or a segfault).
+        if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.shape != tokens.shape:
+            found = f"{positions.dtype} {list(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be int64 of the tokens' shape {list(tokens.shape)}, found {found}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         limit = spec["cache"]["max_seq_len"]
+        if int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
             raise ValueError(f"position {int(positions.max())} is past the exported cache length {limit}")
+        if not isinstance(cache, (list, tuple)) or len(cache) != len(spec["args"]) - 2:
+            found = len(cache) if isinstance(cache, (list, tuple)) else type(cache).__name__
+            raise ValueError(f"{name} takes a cache of {len(spec['args']) - 2} arrays (from new_cache or the previous call), found {found}")
 
     def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> tuple[torch.Tensor, list]:
+        _check_tokens(tokens)
         name, spec = self._function(kind, tokens.shape[0])
-        self._check_tokens(tokens, positions, spec)
+        self._check_inputs(name, tokens, positions, cache, spec)
         devices = [a["device"] for a in spec["args"]]
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1]), *cache]
         out = self.session.invoke(name, inputs)
-        logits = torch.from_numpy(np.array(out[0].to_host()))
+        logits = self._to_torch(out[0])
         self.timings[kind].append(time.perf_counter() - t0)
         return logits, list(out[1:])
 
+    def _to_torch(self, array) -> torch.Tensor:
+        host = torch.from_numpy(np.array(array.to_host()))
+        # bfloat16 logits come back as their int16 bits (numpy has no bfloat16; see export).
+        return host.view(torch.bfloat16) if self.manifest["model"]["dtype"] == "bfloat16" else host
+
     def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
         """``(logits [B, S, vocab], cache)`` for a prompt from position 0."""
+        _check_tokens(tokens)
         cache = cache if cache is not None else self.new_cache(tokens.shape[0])
         positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
         return self.forward("prefill", tokens, positions, cache)
 
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
+        if not (isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor)) or tokens.numel() != positions.numel():
+            raise ValueError("decode takes one token and one position per sequence (tokens [B], positions [B])")
         return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64), cache)
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
+        _check_tokens(tokens)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
         b, s = tokens.shape
         logits, cache = self.prefill(tokens)
         steps = [logits[:, -1]]
@@ -161,4 +210,13 @@ class CompiledModel:
                 logits, cache = self.decode(nxt, cache, pos)
                 steps.append(logits[:, -1])
                 pos = pos + 1
+        if not ids:
+            return torch.empty(b, 0, dtype=torch.int64), logits[:, :0]
         return torch.stack(ids, 1), torch.stack(steps, 1)
+
+
+def _check_tokens(tokens: torch.Tensor) -> None:
+    """Tokens must be a non-empty int64 ``[B, S]`` tensor (checked before any size is read)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.ndim != 2 or tokens.numel() == 0:
+        found = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be int64 [B, S] with B, S >= 1, found {found}")

@@ -47,9 +47,23 @@ class Session:
             self.module = rt.VmModule.mmap(self.instance, str(vmfb))
         self.context = rt.VmContext(self.instance, modules=[*modules, self.module])
 
-    def place(self, array: np.ndarray, device: int):
-        """A device array of ``array`` on logical device ``device``."""
-        return self._rt.asdevicearray(self.devices[device], np.ascontiguousarray(array))
+    def place(self, array: np.ndarray, device: int, element_type=None):
+        """A device array of ``array`` on logical device ``device`` (``element_type``: an
+        ``iree.runtime.HalElementType`` for dtypes numpy lacks, e.g. bfloat16 from uint16 bits)."""
+        rt = self._rt
+        dev = self.devices[device]
+        array = np.ascontiguousarray(array)
+        if element_type is None:
+            return rt.asdevicearray(dev, array)
+        # asdevicearray ignores element_type (it maps the numpy dtype), so allocate directly.
+        view = dev.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+            device=dev,
+            buffer=array,
+            element_type=element_type,
+        )
+        return rt.DeviceArray(dev, view, override_dtype=array.dtype)
 
     def invoke(self, function: str, inputs: Sequence) -> list:
         """Call ``function`` on device arrays; returns device arrays (kept on their devices)."""

@@ -13,7 +13,7 @@ from sharktank.models.llama import LlamaConfig
 from sharktank.models.llama.model import LlamaModel
 from sharktank.parallel import ParallelPlan, PlanError, plan_from_directives
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "placements"
+SHARED = Path(__file__).resolve().parents[2] / "exports" / "placements"  # copies of shared/placements
 TOKENS = torch.tensor([[5, 17, 42, 3, 9, 60, 1, 33, 8, 21], [2, 2, 50, 11, 7, 7, 30, 63, 0, 12]])
 
 

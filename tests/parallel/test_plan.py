@@ -8,7 +8,7 @@ import pytest
 
 from sharktank.parallel import ParallelPlan, PlanError, contiguous_blocks, plan_from_directives
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "placements"
+SHARED = Path(__file__).resolve().parents[2] / "exports" / "placements"  # copies of shared/placements
 
 
 def test_tp_pp_default_layout():

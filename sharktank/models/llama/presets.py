@@ -7,7 +7,7 @@ import torch
 from ...weights import Theta
 from .config import LlamaConfig
 
-__all__ = ["PRESETS", "random_theta"]
+__all__ = ["PRESETS", "PRESET_DTYPES", "random_theta"]
 
 PRESETS: dict[str, LlamaConfig] = {
     # Small enough for tests and CI, with grouped KV heads that tp 1, 2 and 4 divide.
@@ -22,7 +22,23 @@ PRESETS: dict[str, LlamaConfig] = {
         rope_theta=10000.0,
         max_seq_len=128,
     ),
+    # Exactly the shapes of the public sharktank package's toy Llama, for side-by-side figures.
+    "toy-llama-3l": LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=23,
+        num_layers=3,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        rms_norm_eps=0.01,
+        rope_theta=500000.0,
+        max_seq_len=128,
+    ),
 }
+
+# The dtype a preset's weights are made in (float32 unless listed).
+PRESET_DTYPES: dict[str, torch.dtype] = {"toy-llama-3l": torch.float16}
 
 
 def random_theta(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Theta:

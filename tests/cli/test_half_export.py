@@ -1,0 +1,42 @@
+"""Half-precision models compiled: the module computes in that dtype and agrees with eager.
+
+Tolerance: compiled and eager run the same half-precision arithmetic in different orders
+(IREE fuses and tiles reductions differently), so they may differ by a few units in the last
+place of the largest logits: we allow 8 ulp of the logit range, i.e. 8 * eps(dtype) * max|logit|.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from sharktank.export.artifact import export_artifact
+from sharktank.models import load_model
+from sharktank.runtime import CompiledModel
+
+MLIR_TYPE = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_compiled_matches_eager(tmp_path, dtype):
+    model = load_model("toy-llama", dtype=dtype)
+    export_artifact(model, tmp_path / "art", source="toy-llama", max_seq_len=16)
+    mlir = (tmp_path / "art" / "model.mlir").read_text()
+    # No silent float32: every weight global and every cache argument is in the model dtype.
+    weight_types = re.findall(r"util\.global private @\S+ .*?: tensor<[\dx]+x(\w+)>", mlir)
+    assert weight_types and set(weight_types) == {MLIR_TYPE[dtype]}
+    sig = re.search(r"func\.func @decode_bs1\((.*?)\) ->", mlir, re.S).group(1)
+    assert sig.count(f"],{MLIR_TYPE[dtype]}>") == 2 * model.config.num_layers  # k and v per block
+
+    compiled = CompiledModel(tmp_path / "art")
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    ids, logits = compiled.generate(tokens, 5)
+    assert logits.dtype == dtype
+    eager_ids = model.generate(tokens, 5)
+    full = torch.cat([tokens, ids[:, :-1]], dim=1)
+    want = model.prefill(full)[:, tokens.shape[1] - 1 :]
+    tol = 8 * torch.finfo(dtype).eps * want.float().abs().max().item()
+    assert (logits.float() - want.float()).abs().max().item() <= tol
+    assert torch.equal(ids, eager_ids)
