@@ -18,7 +18,8 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "cpu": Target("local", "local-task", "--iree-llvmcpu-target-cpu", "host", ("--iree-hal-local-target-device-backends=llvm-cpu",)),
-    "hip": Target("hip", "hip", "--iree-rocm-target", "gfx942"),
+    # iree-base-compiler 3.10 takes --iree-hip-target (it rejects --iree-rocm-target).
+    "hip": Target("hip", "hip", "--iree-hip-target", "gfx942"),
     "cuda": Target("cuda", "cuda", "--iree-cuda-target", "sm_80"),
 }
 

@@ -151,6 +151,16 @@ def test_no_compile_then_compile_then_run(tmp_path):
     assert p.returncode == 2 and (existing / "notes.txt").read_text() == "keep me"
 
 
+def test_dualpipev_recipe_exports_path_transfers(tmp_path):
+    d = tmp_path / "dpv"
+    summary = json.loads(sharktank("export", "--recipe", ROOT / "exports" / "toy-llama-dualpipev.toml", "--no-compile", "--output-dir", d, "--json").stdout)
+    # Batch 2 = one microbatch per V path; each V (0->1->1->0) crosses 2 device boundaries.
+    assert summary["transfers"] == {"prefill_bs2": 4, "decode_bs2": 4}
+    mlir = (d / "model.mlir").read_text()
+    hops = sorted(set(re.findall(r"flow\.tensor\.transfer .* to #hal\.device\.promise<@__device_(\d)>", mlir)))
+    assert hops == ["0", "1", "2", "3"]
+
+
 def test_help_texts():
     top = sharktank("--help").stdout
     assert all(f"    {cmd} " in top for cmd in ("export", "compile", "run", "inspect"))

@@ -104,3 +104,18 @@ def test_two_stage_pipeline_compiles_and_runs_like_eager():
     results = session.call("main", [s.numpy() for s in flat], arg_devices(args))
     for got, want in zip(results, eager.shards):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target, flag", [("cuda", "--iree-cuda-target=sm_80"), ("hip", "--iree-hip-target=gfx942")])
+def test_gpu_targets_compile(target, flag):
+    # No GPU here: this checks the target table's flags produce a module (running needs a GPU).
+    from sharktank.export import compile_flags
+
+    args = (
+        ReplicatedTensor(ts=[torch.randn(4, 8) for _ in range(2)], devices=(0, 1)),
+        SplitPrimitiveTensor(shard_dim=0, ts=torch.randn(16, 8), devices=(0, 1)),
+        SplitPrimitiveTensor(shard_dim=1, ts=torch.randn(8, 16), devices=(0, 1)),
+    )
+    flags = compile_flags(2, target)
+    assert flag in flags and f"--iree-hal-target-device={target}[1]" in flags
+    assert len(compile_mlir(_mlir(_tp_ffn, *args), 2, target)) > 1000
