@@ -300,12 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from .parallel import PlanError
-    from .runtime import ArtifactError
+    from .runtime import ArtifactError, InputError
     from .weights import WeightsError
 
     try:
         return args.func(args)
-    except (CliError, ArtifactError, WeightsError, PlanError, FileExistsError, ValueError) as e:
+    except (CliError, ArtifactError, InputError, WeightsError, PlanError, FileExistsError) as e:
+        # User errors: one line, exit 2. Anything else is a bug and keeps its traceback.
         print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,11 +21,15 @@ import torch
 from ..weights._files import resolve_inside, sha256_file
 from .session import Session
 
-__all__ = ["ArtifactError", "read_manifest", "CompiledModel"]
+__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel"]
 
 
 class ArtifactError(ValueError):
     """An export artifact that cannot be run here; says what was expected and found."""
+
+
+class InputError(ValueError):
+    """Inputs a compiled model cannot take (shape, dtype, token ids, length, batch size)."""
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -130,7 +134,7 @@ class CompiledModel:
         spec = self.manifest["functions"].get(name)
         if spec is None:
             sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
-            raise ArtifactError(f"no {kind} function for batch size {batch}; exported batch sizes: {sizes}")
+            raise InputError(f"no {kind} function for batch size {batch}; exported batch sizes: {sizes}")
         return name, spec
 
     def new_cache(self, batch: int) -> list:
@@ -151,17 +155,17 @@ class CompiledModel:
         # negative position indexes outside its buffers (garbage, or a segfault).
         if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.shape != tokens.shape:
             found = f"{positions.dtype} {list(positions.shape)}" if isinstance(positions, torch.Tensor) else type(positions).__name__
-            raise ValueError(f"positions must be int64 of the tokens' shape {list(tokens.shape)}, found {found}")
+            raise InputError(f"positions must be int64 of the tokens' shape {list(tokens.shape)}, found {found}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+            raise InputError(f"token ids must be in [0, {self.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         limit = spec["cache"]["max_seq_len"]
         if int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
+            raise InputError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
-            raise ValueError(f"position {int(positions.max())} is past the exported cache length {limit}")
+            raise InputError(f"position {int(positions.max())} is past the exported cache length {limit}")
         if not isinstance(cache, (list, tuple)) or len(cache) != len(spec["args"]) - 2:
             found = len(cache) if isinstance(cache, (list, tuple)) else type(cache).__name__
-            raise ValueError(f"{name} takes a cache of {len(spec['args']) - 2} arrays (from new_cache or the previous call), found {found}")
+            raise InputError(f"{name} takes a cache of {len(spec['args']) - 2} arrays (from new_cache or the previous call), found {found}")
 
     def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> tuple[torch.Tensor, list]:
         _check_tokens(tokens)
@@ -190,14 +194,14 @@ class CompiledModel:
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
         if not (isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor)) or tokens.numel() != positions.numel():
-            raise ValueError("decode takes one token and one position per sequence (tokens [B], positions [B])")
+            raise InputError("decode takes one token and one position per sequence (tokens [B], positions [B])")
         return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64), cache)
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
         _check_tokens(tokens)
         if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
+            raise InputError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
         b, s = tokens.shape
         logits, cache = self.prefill(tokens)
         steps = [logits[:, -1]]
@@ -219,4 +223,4 @@ def _check_tokens(tokens: torch.Tensor) -> None:
     """Tokens must be a non-empty int64 ``[B, S]`` tensor (checked before any size is read)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.ndim != 2 or tokens.numel() == 0:
         found = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise ValueError(f"tokens must be int64 [B, S] with B, S >= 1, found {found}")
+        raise InputError(f"tokens must be int64 [B, S] with B, S >= 1, found {found}")
