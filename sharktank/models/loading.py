@@ -35,7 +35,8 @@ def load_weights(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConf
     if path.is_dir():
         if (path / "theta.json").exists():
             config, theta = load_theta(path)
-            return config, theta.map(lambda _, t: ops.unshard(t) if isinstance(t, ShardedTensor) else t)
+            theta = theta.map(lambda _, t: ops.unshard(t) if isinstance(t, ShardedTensor) else t)
+            return config, _checked(config, theta, path / "theta.json")
         if (path / "config.json").exists():
             return load_hf_checkpoint(path)
         raise WeightsError(f"directory has neither config.json nor theta.json; expected {SOURCES_HELP}", path=path)
@@ -49,10 +50,20 @@ def load_weights(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConf
             config = LlamaConfig.from_dict(meta["config"])
         except (TypeError, ValueError) as e:
             raise WeightsError(f"bad model config in metadata: {e}", path=path) from None
-        return config, Theta(load_irpa(path))
+        return config, _checked(config, Theta(load_irpa(path)), path)
     if not path.exists():
         raise WeightsError(f"no such model source; expected {SOURCES_HELP}", path=path)
     raise WeightsError(f"unrecognized model file; expected {SOURCES_HELP}", path=path)
+
+
+def _checked(config: LlamaConfig, theta: Theta, path: Path) -> Theta:
+    """Refuse tensors whose names or shapes disagree with the config (naming file and tensor)."""
+    from ..weights.llama_layout import layout_problem
+
+    problem = layout_problem({k: tuple(v.shape) for k, v in theta.items()}, config)
+    if problem is not None:
+        raise WeightsError(problem[1], path=path, tensor=problem[0])
+    return theta
 
 
 def save_model_irpa(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> None:

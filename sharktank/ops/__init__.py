@@ -25,6 +25,7 @@ from .collectives import (
     transfer_to_logical_device,
     unshard,
 )
+from .coalesce import BUCKET_BYTES, FIRST_BUCKET_BYTES, all_reduce_coalesced, bucket_sizes, transfer_coalesced
 from .elementwise import add, div, elementwise, mul, sub, to
 from .matrix import linear, matmul
 from .index import index_put, index_select
@@ -57,6 +58,12 @@ __all__ = [
     "transfer_to_logical_device",
     "barrier_on_logical_device",
     "equal",
+    # coalesced transfers
+    "all_reduce_coalesced",
+    "transfer_coalesced",
+    "bucket_sizes",
+    "BUCKET_BYTES",
+    "FIRST_BUCKET_BYTES",
     # compute
     "elementwise",
     "add",

@@ -124,7 +124,8 @@ class CompiledModel:
         try:
             found = len(rt.get_driver(driver).query_available_devices())
         except Exception as e:  # the driver itself is missing (no GPU runtime here)
-            raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices; the {driver} driver is unavailable ({e})") from None
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__  # the HIP error runs to many lines
+            raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices; the {driver} driver is unavailable ({why})") from None
         if found < self.device_count:
             raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices, found {found}")
 

@@ -100,9 +100,10 @@ def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
         raise WeightsError("GGUF file not found", path=path)
     try:
         reader = GGUFReader(path)
+        # contents() decodes strings lazily: a damaged one raises UnicodeDecodeError here.
+        fields = {name: field.contents() for name, field in reader.fields.items()}
     except Exception as e:  # the reader raises ValueError/KeyError/IndexError... by case
         raise WeightsError(f"not a readable GGUF file: {type(e).__name__}: {e}", path=path) from None
-    fields = {name: field.contents() for name, field in reader.fields.items()}
     if fields.get("general.architecture") != ARCH:
         raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected {ARCH!r}", path=path)
     tensors: dict[str, torch.Tensor] = {}

@@ -40,6 +40,12 @@ def layout_problem(found: Mapping[str, Sequence[int]], config: LlamaConfig) -> t
 
     Missing tensors are reported first, then wrong shapes, then unexpected names.
     """
+    if config.num_layers > len(found):
+        # Every layer has several tensors, so these layers cannot all be there. Report the first
+        # missing one without listing them all: one flipped bit in a GGUF block_count claims
+        # 2**26 layers, and building their names took a minute and all memory.
+        layer = next(i for i in range(config.num_layers) if f"model.layers.{i}.input_layernorm.weight" not in found)
+        return f"model.layers.{layer}.input_layernorm.weight", f"missing (the config has {config.num_layers} layers)"
     expected = llama_shapes(config)
     for name in expected:
         if name not in found:
