@@ -6,7 +6,7 @@ eager torch with RSS sampled from /proc/self/statm, two dozen SIGKILLs of ``shar
 over every phase (and of ``sharktank compile``), and an export over the debris they leave.
 The figures (fuzz counts, RSS, kill outcomes) are printed at the end.
 
-    python tools/soak.py                 # everything, about 10 minutes on 2 cores
+    python tools/soak.py                 # everything: 13 minutes on this 2-core machine
     python tools/soak.py --fuzz 50000    # more fuzz sequences
     python tools/soak.py -k fuzz         # only the soak tests matching a pytest -k expression
 """

@@ -60,7 +60,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in sorted(lines):
         terminalreporter.write_line(line)
     if table:
-        terminalreporter.write_line(f"bad inputs tried: {len(table)}, each refused with one clear error")
+        terminalreporter.write_line(f"bad-input cases: {len(table)} (-v lists each with the error it got)")
         if config.getoption("verbose") > 0:
             for row in sorted(table):
                 terminalreporter.write_line(f"  {row}")
