@@ -309,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         # User errors: one line, exit 2. Anything else is a bug and keeps its traceback.
         print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        # A compiler rejection (bad --compile-flag, unsupported target) is the user's input: one line.
+        if type(e).__name__ != "CompilerToolError":
+            raise
+        first = next((line for line in str(e).splitlines() if "error:" in line or "Unknown" in line), str(e).splitlines()[0])
+        print(f"sharktank {args.command}: error: iree-compile failed: {first.strip()}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"sharktank {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -20,3 +20,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+# The reliability figures (fuzz counts, RSS, kill outcomes) print in whole-suite runs too.
+from reliability.summary import pytest_terminal_summary  # noqa: E402,F401

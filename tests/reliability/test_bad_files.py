@@ -163,18 +163,20 @@ def test_bit_flips_are_refused_or_load_never_crash(sandbox, kind, figure):
     header = min(len(data), 640)
     positions = list(range(0, header, 5)) + [rng.randrange(header, len(data)) for _ in range(24)]
     outcomes = {"refused": 0, "loaded": 0}
-    for pos in positions:
-        flipped = bytearray(data)
-        flipped[pos] ^= 1 << rng.randrange(8)
-        file.write_bytes(bytes(flipped))
-        try:
-            load_model(_source(sandbox, kind))
-            outcomes["loaded"] += 1
-            assert kind != "theta", f"theta directory loaded with byte {pos} flipped"
-        except WeightsError as e:
-            assert file.name in str(e), f"flip at {pos}: error does not name {file.name}: {e}"
-            outcomes["refused"] += 1
-        # Anything else propagates and fails the test with the offset in the traceback.
+    with no_pickle() as pickles:
+        for pos in positions:
+            flipped = bytearray(data)
+            flipped[pos] ^= 1 << rng.randrange(8)
+            file.write_bytes(bytes(flipped))
+            try:
+                load_model(_source(sandbox, kind))
+                outcomes["loaded"] += 1
+                assert kind != "theta", f"theta directory loaded with byte {pos} flipped"
+            except WeightsError as e:
+                assert file.name in str(e), f"flip at {pos}: error does not name {file.name}: {e}"
+                outcomes["refused"] += 1
+            # Anything else propagates and fails the test with the offset in the traceback.
+    assert not pickles, f"unpickling attempted: {pickles}"
     file.write_bytes(data)
     figure("bad input", f"{kind}: {len(positions)} single-bit flips: {outcomes['refused']} refused (WeightsError naming "
                         f"{file.name}), {outcomes['loaded']} loaded (flip in data/unchecked fields; the format has no checksum)"
@@ -217,7 +219,8 @@ def test_theta_manifest_shape_disagreeing_with_its_shards(sandbox, figure):
 # load_weights checks .irpa archives and theta directories against the config too.
 @pytest.mark.parametrize("kind", ["irpa", "theta"])
 def test_config_disagreeing_with_tensors_irpa_and_theta(tmp_path, kind):
-    # Today: loads silently and runs with the tensors' own shapes (hidden 32 vs config 64).
+    # Before load_weights checked these layouts, this loaded silently and ran with the tensors'
+    # own shapes (found by this suite; a flipped byte in a tensor name gave a KeyError).
     bad = dataclasses.replace(CONFIG, intermediate_size=40)
     sources = _write_sources(tmp_path, bad, random_theta(CONFIG))
     with pytest.raises(WeightsError):
