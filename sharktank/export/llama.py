@@ -53,8 +53,6 @@ class _Weights(torch.nn.Module):
 
         def lift(t):
             nonlocal count
-            if t is None:
-                return None
             names = []
             for shard, device in zip(t.shards, t.devices):
                 # A copy: traits stick to the tensor object, and shards may be views.
@@ -69,41 +67,36 @@ class _Weights(torch.nn.Module):
                 names.append(attr)
             return (type(t), getattr(t, "shard_dim", None), t.devices, tuple(names))
 
-        self.recipe = [
-            [
-                StageWeights(
-                    devices=w.devices,
-                    blocks={b: {k: lift(v) for k, v in ws.items()} for b, ws in w.blocks.items()},
-                    embed=lift(w.embed),
-                    norm=lift(w.norm),
-                    lm_head=lift(w.lm_head),
-                )
-                for w in reps
-            ]
-            for reps in model.stages
-        ]
+        self.recipe = _map_weights(model.stages, lift)
 
     def stages(self) -> list[list[StageWeights]]:
         def build(r):
-            if r is None:
-                return None
             cls, dim, devices, names = r
             kwargs = {"shard_dim": dim} if dim is not None else {}
             return cls(ts=[getattr(self, n) for n in names], devices=devices, pinned=True, **kwargs)
 
-        return [
-            [
-                StageWeights(
-                    devices=w.devices,
-                    blocks={b: {k: build(v) for k, v in ws.items()} for b, ws in w.blocks.items()},
-                    embed=build(w.embed),
-                    norm=build(w.norm),
-                    lm_head=build(w.lm_head),
-                )
-                for w in reps
-            ]
-            for reps in self.recipe
+        return _map_weights(self.recipe, build)
+
+
+def _map_weights(stages: list[list[StageWeights]], fn) -> list[list[StageWeights]]:
+    """The same stage structure with ``fn`` applied to every weight that is present."""
+
+    def f(x):
+        return None if x is None else fn(x)
+
+    return [
+        [
+            StageWeights(
+                devices=w.devices,
+                blocks={b: {k: f(v) for k, v in ws.items()} for b, ws in w.blocks.items()},
+                embed=f(w.embed),
+                norm=f(w.norm),
+                lm_head=f(w.lm_head),
+            )
+            for w in reps
         ]
+        for reps in stages
+    ]
 
 
 def lift_weights(model: LlamaModel) -> ExportedWeights:
