@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from .. import ops
 from ..models.llama.model import KVCache, LlamaModel
 from ..models.llama.sharding import StageWeights
 from ..types import ShardedTensor
@@ -134,8 +135,15 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             stages = module.stages()
             logits, new_entries = [], []
+            inputs = {first_device: (tokens, positions)}  # device -> the whole inputs there
             for m, (path, (start, n)) in enumerate(zip(paths, rows)):
-                out, e = model.forward_path(tokens[start : start + n], positions[start : start + n], entries[m], path, stages)
+                # Each path takes its rows on its own first device. The whole inputs move
+                # there before the slicing: IREE 3.10 cannot partition a transfer of a slice.
+                origin = model.plan.devices(0, model.plan.paths[path][0])[0]
+                if origin not in inputs:
+                    inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
+                tok, pos = inputs[origin]
+                out, e = model.forward_path(tok[start : start + n], pos[start : start + n], entries[m], path, stages)
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)

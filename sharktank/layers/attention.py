@@ -17,6 +17,10 @@ from .rotary import apply_rotary
 __all__ = ["attention"]
 
 
+def _causal_mask(positions: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.arange(length)[None, None, None, :] <= positions[:, None, :, None]
+
+
 def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
     optional ``q_bias``...). Returns ``(output, (k_cache, v_cache))``."""
@@ -31,7 +35,7 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
     v_cache = ops.index_put(cache[1], [rows, positions], v)
 
     t = k_cache.shape[1]
-    mask = torch.arange(t)[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, S, T]
+    mask = ops.elementwise(_causal_mask, positions, length=t)  # [B, 1, S, T]
     dtype = q.dtype
     # Scores and softmax in float32 for half-precision models, as the references accumulate.
     up = (lambda z: ops.to(z, torch.float32)) if dtype != torch.float32 else (lambda z: z)

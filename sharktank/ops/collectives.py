@@ -175,9 +175,11 @@ def replicate(t: AnyTensor, count: int | None = None, devices: Sequence[int] | N
     """A replicated tensor with ``count`` shards on ``devices`` (default ``0..count-1``).
 
     A plain tensor is transferred to each device (``count`` transfers from the host). A
-    sharded input is gathered or reduced in place (``all_gather``/``all_reduce``) and then
-    moved to ``devices`` if they differ. Autograd: the gradient of the input is the sum of
-    the replicas' gradients.
+    replicated input keeps the replicas already on ``devices`` and copies one to each other
+    device (so a one-shard tensor is broadcast from its device). A split or unreduced input
+    is gathered or reduced in place (``all_gather``/``all_reduce``) and then moved to
+    ``devices`` if they differ. Autograd: the gradient of the input is the sum of the
+    replicas' gradients.
     """
 
 
@@ -190,6 +192,13 @@ def _replicate_torch(t, count=None, devices=None, pinned=False):
 @replicate.register(ShardedTensor)
 def _replicate_sharded(t, count=None, devices=None, pinned=False):
     devs = t.devices if devices is None and count in (None, t.shard_count) else _devices_arg(count, devices, "replicate")
+    if isinstance(t, ReplicatedTensor):
+        held = dict(zip(t.devices, t.shards))
+        n = t.shard_count
+        shards = [
+            held[d] if d in held else move_tensor(t.shards[i % n], t.devices[i % n], d) for i, d in enumerate(devs)
+        ]
+        return replicated_of(shards, devs).clone(pinned=pinned)
     if len(devs) != t.shard_count:
         raise ShardingError(f"ops.replicate: {t!r} has {t.shard_count} shards, asked for {len(devs)}; unshard first")
     r = all_reduce(t) if isinstance(t, UnreducedTensor) else all_gather(t)

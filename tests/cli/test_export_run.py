@@ -31,8 +31,9 @@ def tp2pp2(tmp_path_factory):
 
 def test_export_summary_and_manifest(tp2pp2):
     out, summary = tp2pp2
-    # Per function: 4 blocks x 2 all_reduces x 2*2*1 transfers, 1 stage boundary x 2 shards, 1 LM-head gather.
-    assert summary["transfers"] == {"prefill_bs1": 35, "decode_bs1": 35}
+    # Per function: 4 blocks x 2 all_reduces x 2*2*1 transfers, 1 stage boundary x 2 shards,
+    # 1 LM-head gather, and the inputs from device 0: tokens to 1, positions to 1, 2 and 3.
+    assert summary["transfers"] == {"prefill_bs1": 39, "decode_bs1": 39}
     assert summary["device_count"] == 4 and summary["module_bytes"] > 0 and summary["compile_seconds"] > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["parallel"]["tp"] == 2 and manifest["parallel"]["pp"] == 2
@@ -75,7 +76,7 @@ def test_save_logits_and_inspect(tp2pp2, tmp_path):
     logits = np.load(tmp_path / "l.npy")
     assert logits.shape == (1, 3, 256)
     info = json.loads(sharktank("inspect", out, "--json").stdout)
-    assert info["stages"][1]["devices"] == [[2, 3]] and info["transfers"]["decode_bs1"] == 35
+    assert info["stages"][1]["devices"] == [[2, 3]] and info["transfers"]["decode_bs1"] == 39
     assert set(info["parameter_bytes_per_device"]) == {"0", "1", "2", "3"}
     text = sharktank("inspect", out).stdout
     assert "stage 1: blocks [2, 3] on [2, 3]" in text
@@ -154,8 +155,10 @@ def test_no_compile_then_compile_then_run(tmp_path):
 def test_dualpipev_recipe_exports_path_transfers(tmp_path):
     d = tmp_path / "dpv"
     summary = json.loads(sharktank("export", "--recipe", ROOT / "exports" / "toy-llama-dualpipev.toml", "--no-compile", "--output-dir", d, "--json").stdout)
-    # Batch 2 = one microbatch per V path; each V (0->1->1->0) crosses 2 device boundaries.
-    assert summary["transfers"] == {"prefill_bs2": 4, "decode_bs2": 4}
+    # Batch 2 = one microbatch per V path; each V (0->1->1->0, 2->3->3->2) crosses 2 device
+    # boundaries. Inputs arrive on device 0: positions go to 1 (first V); tokens to 2 and
+    # positions to 2 and 3 (second V).
+    assert summary["transfers"] == {"prefill_bs2": 4 + 1 + 3, "decode_bs2": 4 + 1 + 3}
     mlir = (d / "model.mlir").read_text()
     hops = sorted(set(re.findall(r"flow\.tensor\.transfer .* to #hal\.device\.promise<@__device_(\d)>", mlir)))
     assert hops == ["0", "1", "2", "3"]

@@ -31,9 +31,13 @@ def test_logits_match_transformers(tp, pp):
         got = model.prefill(TOKENS)
     want = _reference_logits(ref, TOKENS)
     assert (got - want).abs().max().item() <= 1e-4
-    # Transfers are exactly: two all_reduces per block, the stage boundaries, the LM-head gather.
+    # Transfers are exactly: two all_reduces per block, the stage boundaries, the LM-head
+    # gather, and the inputs copied from the first device to the others that read them
+    # (tokens to the first stage's other devices, positions to every stage's devices).
     per_all_reduce = 2 * tp * (tp - 1)
-    assert len(log) == config.num_layers * 2 * per_all_reduce + (pp - 1) * tp + (tp - 1)
+    inputs = (tp - 1) + (tp - 1) + (pp - 1) * tp
+    assert len(log) == config.num_layers * 2 * per_all_reduce + (pp - 1) * tp + (tp - 1) + inputs
+    assert sum(t.shape == tuple(TOKENS.shape) and t.dtype == torch.int64 for t in log) == inputs
 
 
 def test_dualpipev_placement_matches_transformers():
@@ -43,8 +47,9 @@ def test_dualpipev_placement_matches_transformers():
     with ops.record_transfers() as log:
         got = model.prefill(TOKENS)  # two microbatches, one per path
     assert (got - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
-    # Each V crosses 6 boundaries (3->3 stays on one device) with one shard (tp=1).
-    assert len(log) == 2 * 6
+    # Each V crosses 6 boundaries (3->3 stays on one device) with one shard (tp=1), and its
+    # positions go from its first device to the 3 others it visits.
+    assert len(log) == 2 * (6 + 3)
     assert {t.src for t in log} | {t.dst for t in log} == set(range(8))
 
 

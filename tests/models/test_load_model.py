@@ -83,7 +83,8 @@ def test_placement_list_and_file(tmp_path):
     with ops.record_transfers() as log:
         got = m.prefill(t)
     assert (got - load_model("toy-llama").prefill(t)).abs().max().item() <= 1e-5
-    assert sorted((x.src, x.dst) for x in log) == [(0, 1), (2, 3)]  # one boundary per microbatch
+    # One boundary per microbatch, plus its positions to the second stage.
+    assert sorted((x.src, x.dst) for x in log) == [(0, 1), (0, 1), (2, 3), (2, 3)]
 
 
 def test_unknown_sources_are_clear_errors(tmp_path):

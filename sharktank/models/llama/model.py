@@ -90,23 +90,32 @@ class LlamaModel:
 
     def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
-        the model's weights (export passes its module's parameters)."""
+        the model's weights (export passes its module's parameters). ``tokens`` and
+        ``positions`` are taken to live on the path's first device and are copied from there
+        to every other device that reads them (a few bytes each), so no device reads
+        another's memory and a compiler knows where every value lives."""
         c = self.config
         plan = self.plan
         stages = stages or self.stages
         first = stages[0][plan.paths[path][0]]
-        x = ops.embedding_lookup(ReplicatedTensor(ts=tokens, devices=first.devices), first.embed)
-        cos, sin = rotary_cos_sin(positions, self.inv_freq, self.dtype)
+        home = (first.devices[0],)
+        tokens, positions = ReplicatedTensor(ts=[tokens], devices=home), ReplicatedTensor(ts=[positions], devices=home)
+        x = ops.embedding_lookup(ops.replicate(tokens, devices=first.devices), first.embed)
         new_entries = []
         block = 0
+        per_group: dict[tuple[int, ...], tuple] = {}  # device group -> positions, cos, sin there
         for stage, r in enumerate(plan.paths[path]):
             weights = stages[stage][r]
+            if weights.devices not in per_group:
+                pos = ops.replicate(positions, devices=weights.devices)
+                per_group[weights.devices] = (pos, ops.elementwise(self._rotary, pos, part=0), ops.elementwise(self._rotary, pos, part=1))
+            pos, cos, sin = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])
                 h = ops.rms_norm(x, w["attn_norm"], epsilon=c.rms_norm_eps)
                 a, kv = attention(
-                    h, w, entries[block], positions, cos, sin,
+                    h, w, entries[block], pos, cos, sin,
                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                 )
                 x = ops.add(x, a)
@@ -116,6 +125,9 @@ class LlamaModel:
                 block += 1
         x = ops.rms_norm(x, weights.norm, epsilon=c.rms_norm_eps)
         return ops.unshard(ops.linear(x, weights.lm_head)), new_entries
+
+    def _rotary(self, positions: torch.Tensor, part: int) -> torch.Tensor:
+        return rotary_cos_sin(positions, self.inv_freq, self.dtype)[part]
 
     # --- public entry points -----------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
