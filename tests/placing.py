@@ -8,6 +8,12 @@ from hypothesis import strategies as st
 from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor, UnreducedTensor
 
 
+def all_reduce_transfers(n: int) -> int:
+    """Transfers of one all_reduce over n devices: reduce_scatter + all_gather (2N(N-1)),
+    or for two devices one swap of whole shards (2)."""
+    return n * (n - 1) if n == 2 else 2 * n * (n - 1)
+
+
 def place(t: torch.Tensor, kind: str, devices: tuple[int, ...], pinned: bool = False, gen: torch.Generator | None = None):
     """``kind``: "T" (plain), "R", "P" (random partial sums adding up to t), or "S<d>"."""
     n = len(devices)

@@ -33,7 +33,7 @@ OPTIMAL: dict[str, Callable[[int], float]] = {
 TRANSFERS: dict[str, Callable[[int], int]] = {
     "all_gather": lambda n: n * (n - 1),
     "reduce_scatter": lambda n: n * (n - 1),
-    "all_reduce": lambda n: 2 * n * (n - 1),
+    "all_reduce": lambda n: n * (n - 1) if n == 2 else 2 * n * (n - 1),  # two devices swap shards
 }
 
 
@@ -111,17 +111,18 @@ def coalesce_rows(n: int = 4, export: bool = True, rounds: int = 5, small=(8 << 
             reduce_list,
             lambda ts: [ops.all_reduce(t) for t in ts],
             lambda ts, **kw: ops.all_reduce_coalesced(ts, **kw),
-            2 * n * (n - 1),
+            # per tensor; per bucket (reduce_scatter + all_gather, even at N=2)
+            (TRANSFERS["all_reduce"](n), 2 * n * (n - 1)),
         ),
         f"stage boundary x{len(boundary)} [0,1]->[2,3]": (
             boundary,
             lambda ts: [ops.transfer_to_logical_device(t, (2, 3)) for t in ts],
             lambda ts, **kw: ops.transfer_coalesced(ts, (2, 3), **kw),
-            2,
+            (2, 2),
         ),
     }
     rows = []
-    for name, (tensors, plain, coalesced, per_bucket) in cases.items():
+    for name, (tensors, plain, coalesced, (per_tensor, per_bucket)) in cases.items():
         nbytes = sum(t.shards[0].numel() * t.dtype.itemsize for t in tensors)
         variants = {
             "per_tensor": (plain, {}),
@@ -137,7 +138,7 @@ def coalesce_rows(n: int = 4, export: bool = True, rounds: int = 5, small=(8 << 
             # Every pair (or every device, reducing) carries one shard of each tensor: nbytes.
             buckets = len(tensors) if key == "per_tensor" else len(ops.bucket_sizes(nbytes // 4, 4, **kw))
             devices = sorted({d for t in log for d in (t.src, t.dst)})
-            v = {"expected": per_bucket * buckets, "eager": len(log), "per_pair_eager": _buckets(log)}
+            v = {"expected": (per_tensor if key == "per_tensor" else per_bucket) * buckets, "eager": len(log), "per_pair_eager": _buckets(log)}
             v["eager_max_sent"] = max(log.bytes_sent(d) for d in devices)
             if export:
                 mlog = _mlir_log(lambda *ts: fn(list(ts), **kw), tuple(tensors))

@@ -31,7 +31,7 @@ from ._build import ShardingError, replicated_of, unreduced_of
 from ._dispatch import sharded_op
 from ._placement import PlacementError
 from ._transfer import barrier_tensor, move_tensor
-from .collectives import all_reduce
+from .collectives import all_reduce, reduce_scatter_gather
 
 __all__ = ["all_reduce_coalesced", "transfer_coalesced", "bucket_sizes", "BUCKET_BYTES", "FIRST_BUCKET_BYTES"]
 
@@ -97,7 +97,7 @@ def all_reduce_coalesced(
 ) -> list[ReplicatedTensor]:
     """``[ops.all_reduce(t) for t in tensors]`` with the unreduced tensors of one dtype on the
     same devices packed into flat buckets (see :func:`bucket_sizes`): ``2N(N-1)`` transfers
-    per bucket instead of per tensor, each device still sending and receiving ``2(N-1)/N``
+    per bucket (reduce_scatter + all_gather, for two devices too) instead of per tensor, each device still sending and receiving ``2(N-1)/N``
     of the data. Replicated tensors are returned as they are.
     """
 
@@ -123,7 +123,9 @@ def _all_reduce_coalesced(tensors, *, bucket_bytes=BUCKET_BYTES, first_bucket_by
             [barrier_tensor(b, d) for b in _pack([tensors[k].shards[i].reshape(-1) for k in ks], sizes)]
             for i, d in enumerate(devices)
         ]
-        reduced = [all_reduce(unreduced_of([p[b] for p in packed], devices)) for b in range(len(sizes))]
+        # reduce_scatter + all_gather even for two devices: IREE 3.10 cannot compile the
+        # swap of whole buckets (slices of the packed tensor).
+        reduced = [reduce_scatter_gather(unreduced_of([p[b] for p in packed], devices)) for b in range(len(sizes))]
         flats = [_unpack([barrier_tensor(r.shards[i], d) for r in reduced], numels) for i, d in enumerate(devices)]
         for j, k in enumerate(ks):
             t = tensors[k]

@@ -10,7 +10,8 @@ one device:
   ``N(N-1)`` transfers; each device sends and receives ``(N-1)/N · B``.
 - ``all_reduce``: ``reduce_scatter`` over the flattened tensor, then ``all_gather`` of the
   reduced pieces: ``2N(N-1)`` transfers; each device sends and receives
-  ``2(N-1)/N · B`` (the bandwidth-optimal figure). Pieces with no elements (a tensor
+  ``2(N-1)/N · B`` (the bandwidth-optimal figure). Two devices swap whole shards: 2
+  transfers of ``B``, the same bytes in one round. Pieces with no elements (a tensor
   with fewer than ``N`` elements) are not sent.
 - ``sharded_cat`` / ``sharded_sum`` / ``unshard``: the ``N-1`` shards not on the root
   device go to it: ``N-1`` transfers.
@@ -109,17 +110,29 @@ def all_reduce(t: AnyTensor) -> ReplicatedTensor:
     + ``all_gather`` over the flattened value.
 
     ``2N(N-1)`` transfers of ``1/N`` of the tensor; each device sends and receives
-    ``2(N-1)/N`` of it. A replicated input is returned as is.
+    ``2(N-1)/N`` of it. Two devices swap their whole shards instead: the same bytes (one
+    tensor each way) in 2 transfers and one round. Every device adds the partial sums in
+    device order, so all replicas are identical. A replicated input is returned as is.
     """
 
 
 @all_reduce.register(UnreducedTensor)
 def _all_reduce_unreduced(t):
     n, devices = t.shard_count, t.devices
-    shape = t.shards[0].shape
     if n == 1:
         out = replicated_of(t.shards, devices)
-    elif all(isinstance(d, int) for d in shape):
+    elif n == 2:
+        out = replicated_of(_scatter_reduce([[s, s] for s in t.shards], devices), devices)
+    else:
+        out = reduce_scatter_gather(t)
+    return out.clone(pinned=True) if t.pinned else out
+
+
+def reduce_scatter_gather(t: UnreducedTensor) -> ReplicatedTensor:
+    """``all_reduce`` as reduce_scatter + all_gather for any N >= 2 (unpinned result)."""
+    n, devices = t.shard_count, t.devices
+    shape = t.shards[0].shape
+    if all(isinstance(d, int) for d in shape):
         sizes = split_sizes(t.shards[0].numel(), n)
         parts = [torch.split(s.reshape(-1), sizes) for s in t.shards]
         reduced = _scatter_reduce(parts, devices)
@@ -132,7 +145,7 @@ def _all_reduce_unreduced(t):
         sizes = split_sizes(shape[d], n)
         parts = [torch.split(s, sizes, dim=d) for s in t.shards]
         out = replicated_of(_gather_pieces(_scatter_reduce(parts, devices), devices, d), devices)
-    return out.clone(pinned=True) if t.pinned else out
+    return out
 
 
 @all_reduce.register(ReplicatedTensor)

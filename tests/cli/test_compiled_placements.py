@@ -33,9 +33,9 @@ def checkpoint(root: str, layers: int) -> Path:
 @pytest.mark.parametrize(
     "name, layers, kwargs, batch, transfers",
     [
-        # 2 blocks x 2 all_reduces x 2*2*1, the LM-head gather (1), tokens and positions
-        # from device 0 to device 1 (2).
-        ("tp2", 2, dict(tp=2), 1, 2 * 2 * 4 + 1 + 2),
+        # 2 blocks x 2 all_reduces x 2 (two devices swap shards), the LM-head gather (1),
+        # tokens and positions from device 0 to device 1 (2).
+        ("tp2", 2, dict(tp=2), 1, 2 * 2 * 2 + 1 + 2),
         # One stage boundary, one shard, and the positions for the second stage.
         ("pp2", 2, dict(pp=2), 1, 1 + 1),
         # Two microbatches, each on a V path 0-1-2-3-3-2-1-0 or 4-5-6-7-7-6-5-4 (6 boundaries,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from reference import hf_llama
+from placing import all_reduce_transfers
 from sharktank import ops
 from sharktank.models.llama import LlamaConfig
 from sharktank.models.llama.model import LlamaModel
@@ -34,7 +35,7 @@ def test_logits_match_transformers(tp, pp):
     # Transfers are exactly: two all_reduces per block, the stage boundaries, the LM-head
     # gather, and the inputs copied from the first device to the others that read them
     # (tokens to the first stage's other devices, positions to every stage's devices).
-    per_all_reduce = 2 * tp * (tp - 1)
+    per_all_reduce = all_reduce_transfers(tp)
     inputs = (tp - 1) + (tp - 1) + (pp - 1) * tp
     assert len(log) == config.num_layers * 2 * per_all_reduce + (pp - 1) * tp + (tp - 1) + inputs
     assert sum(t.shape == tuple(TOKENS.shape) and t.dtype == torch.int64 for t in log) == inputs

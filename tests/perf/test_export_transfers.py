@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bench_mlir import mlir_transfers
+from placing import all_reduce_transfers
 from sharktank import ops
 from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor, UnreducedTensor
 
@@ -36,7 +37,9 @@ def test_all_reduce_coalesced_exports_one_transfer_per_bucket_and_runs():
     plain = _export(lambda *xs: [ops.all_reduce(x) for x in xs], ts)
     from sharktank.export import count_transfers
 
-    assert count_transfers(plain) == 2 * n * (n - 1) * 6
+    assert count_transfers(plain) == all_reduce_transfers(n) * 6
+    # Buckets are all-reduced as reduce_scatter + all_gather even on two devices (a swap of
+    # sliced buckets does not compile in IREE 3.10).
     assert count_transfers(coalesced) == 2 * n * (n - 1) * 3
     log = mlir_transfers(coalesced)["main"]
     assert all(t.src is not None and t.src != t.dst for t in log)
