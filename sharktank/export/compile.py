@@ -28,9 +28,11 @@ TARGETS: dict[str, Target] = {
             "--iree-hal-local-target-device-backends=llvm-cpu",
             "--iree-opt-level=O3",
             "--iree-opt-data-tiling",
-            # O3's aggressive fusion with data tiling miscompiles a pipeline stage's last
+            # O3's aggressive fusion with data tiling fails to compile a pipeline stage's last
             # block in 3.10 ("write affecting operations on global resources ...").
             "--iree-dispatch-creation-enable-aggressive-fusion=false",
+            # No DWARF in the kernels: 10-15% less compile time, a quarter smaller module.
+            "--iree-llvmcpu-debug-symbols=false",
         ),
     ),
     # iree-base-compiler 3.10 takes --iree-hip-target (it rejects --iree-rocm-target).

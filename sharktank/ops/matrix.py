@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, cut_like_split, offsets, replicated_of, split_of, unreduced_of
 from ._dispatch import sharded_op
+from ._transfer import _tracing_tensor
 from .elementwise import add
 
 __all__ = ["matmul", "linear"]
@@ -164,11 +165,25 @@ def linear(x: Operand, weight: Operand, bias: Operand | None = None) -> Operand:
     """
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``. Traced in half precision, the product is written with float32 inputs
+    and accumulator, as torch's CPU kernels compute it eagerly; IREE would otherwise
+    accumulate in the half type. (IREE fuses the casts into the product: no float32 copy
+    of a weight is made.)"""
+    if x.dtype in _HALF and _tracing_tensor(x):
+        y = F.linear(x.reshape(-1, x.shape[-1]).float(), w.float(), None if b is None else b.float())
+        return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w, b)
+
+
 @linear.register(torch.Tensor, torch.Tensor)
 def _linear_torch(x, weight, bias=None):
     if isinstance(bias, ShardedTensor):
-        return add(F.linear(x, weight), bias)
-    return F.linear(x, weight, bias)
+        return add(_f_linear(x, weight), bias)
+    return _f_linear(x, weight, bias)
 
 
 def _linear_sharded(x, weight, bias=None):
@@ -177,7 +192,7 @@ def _linear_sharded(x, weight, bias=None):
     xs, ws, (kind, dim) = plan_matmul("linear", x, weight, True)
     devices = _devices(x, weight)
     if bias is None:
-        return _build(kind, dim, [F.linear(a, w) for a, w in zip(xs, ws)], devices)
+        return _build(kind, dim, [_f_linear(a, w) for a, w in zip(xs, ws)], devices)
     if isinstance(bias, UnreducedTensor):
         raise ShardingError("ops.linear: an unreduced bias is not supported; all_reduce it first")
     n = len(xs)
@@ -185,7 +200,7 @@ def _linear_sharded(x, weight, bias=None):
         if isinstance(bias, SplitPrimitiveTensor):
             raise ShardingError(f"ops.linear: the result is unreduced but the bias is split ({_describe(bias)})")
         bs = _per_shard(bias, None, None, n)
-        out = [F.linear(xs[0], ws[0], bs[0])] + [F.linear(a, w) for a, w in zip(xs[1:], ws[1:])]
+        out = [_f_linear(xs[0], ws[0], bs[0])] + [_f_linear(a, w) for a, w in zip(xs[1:], ws[1:])]
         return unreduced_of(out, devices)
     if kind == "S" and dim == max(x.ndim, 2) - 1:
         sizes = [w.shape[0] for w in ws]
@@ -199,7 +214,7 @@ def _linear_sharded(x, weight, bias=None):
         raise ShardingError(f"ops.linear: bias {_describe(bias)} is split but the output is not split on its last dim")
     else:
         bs = _per_shard(bias, None, None, n)
-    return _build(kind, dim, [F.linear(a, w, b) for a, w, b in zip(xs, ws, bs)], devices)
+    return _build(kind, dim, [_f_linear(a, w, b) for a, w, b in zip(xs, ws, bs)], devices)
 
 
 linear.register(ShardedTensor, object)(_linear_sharded)
