@@ -152,7 +152,7 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
             for m, (path, (start, n)) in enumerate(zip(paths, rows)):
                 # Each path takes its rows on its own first device. The whole inputs move
                 # there before the slicing: IREE 3.10 cannot partition a transfer of a slice.
-                origin = model.plan.devices(0, model.plan.paths[path][0])[0]
+                origin = model.input_device(path)
                 if origin not in inputs:
                     inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
                 tok, pos = inputs[origin]

@@ -97,8 +97,8 @@ def all_reduce_coalesced(
 ) -> list[ReplicatedTensor]:
     """``[ops.all_reduce(t) for t in tensors]`` with the unreduced tensors of one dtype on the
     same devices packed into flat buckets (see :func:`bucket_sizes`): ``2N(N-1)`` transfers
-    per bucket (reduce_scatter + all_gather, for two devices too) instead of per tensor, each device still sending and receiving ``2(N-1)/N``
-    of the data. Replicated tensors are returned as they are.
+    per bucket (reduce_scatter + all_gather, for two devices too) instead of per tensor,
+    each device still sending and receiving ``2(N-1)/N`` of the data. Replicated tensors are returned as they are.
     """
 
 

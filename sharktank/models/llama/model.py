@@ -98,7 +98,7 @@ class LlamaModel:
         plan = self.plan
         stages = stages or self.stages
         first = stages[0][plan.paths[path][0]]
-        home = (first.devices[0],)
+        home = (self.input_device(path),)
         tokens, positions = ReplicatedTensor(ts=[tokens], devices=home), ReplicatedTensor(ts=[positions], devices=home)
         x = ops.embedding_lookup(ops.replicate(tokens, devices=first.devices), first.embed)
         new_entries = []
@@ -125,6 +125,10 @@ class LlamaModel:
                 block += 1
         x = ops.rms_norm(x, weights.norm, epsilon=c.rms_norm_eps)
         return ops.unshard(ops.linear(x, weights.lm_head)), new_entries
+
+    def input_device(self, path: int) -> int:
+        """The device a microbatch's tokens and positions live on: its path's first device."""
+        return self.plan.devices(0, self.plan.paths[path][0])[0]
 
     def _rotary(self, positions: torch.Tensor, part: int) -> torch.Tensor:
         return rotary_cos_sin(positions, self.inv_freq, self.dtype)[part]
