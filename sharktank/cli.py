@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
     if len({len(r) for r in rows}) != 1:
         raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
     tokens = torch.tensor(rows, dtype=torch.int64)
-    model = CompiledModel(args.dir)
+    model = CompiledModel(args.dir, driver=args.driver)
     ids, logits = model.generate(tokens, args.max_new_tokens)
     decode = [t * 1e3 for t in model.timings["decode"]]
     result = {
@@ -168,6 +168,7 @@ def cmd_run(args) -> int:
         },
         "device_count": model.device_count,
         "dtype": model.manifest["model"]["dtype"],
+        "driver": model.driver,
     }
     if args.compare_eager:
         eager = _eager_model(model.manifest)
@@ -282,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tokens", required=True, help="prompt token ids, comma-separated; several sequences of one length separated by ';' (the batch must be an exported batch size)")
     r.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     r.add_argument("--compare-eager", action="store_true", help="also run eager torch and print the max logit error")
+    r.add_argument(
+        "--driver",
+        choices=["local-task", "local-sync", "hip", "cuda"],
+        help="IREE runtime driver (default: the one compiled for). CPU modules run on local-task "
+        "(worker threads; faster for larger work) or local-sync (on the calling thread; faster for small models)",
+    )
     r.add_argument("--save-logits", help="write the logits of every step to this .npy file")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)

@@ -18,8 +18,8 @@ Parts (each can be skipped with ``--skip-PART``):
   token, prefill tokens/s), tp2, pp2 and tp2xpp2 compiled against one device compiled,
   export and compile times and the data a decode step moves (``tools/bench_compiled.py``);
 - reference: ``toy-llama-3l`` (the public sharktank package's toy Llama shapes, float16)
-  exported, compiled and run at tp1 and pp=2 next to that package's figures
-  (``tools/bench_reference.py``);
+  exported, compiled and run at tp1 and pp=2, on the local-task and local-sync drivers,
+  next to that package's figures (``tools/bench_reference.py``);
 - collectives: transfers and bytes per device of all_gather, reduce_scatter and all_reduce
   for N = 2, 4, 8, eager and in the exported MLIR, against the bandwidth-optimal figures,
   and coalesced transfers against one transfer per tensor (``tools/bench_collectives.py``).
@@ -64,6 +64,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     "t3l_export_compile_s": ("<=", round((14.3 + 7.4) / 3, 2)),
     "t3l_prefill_ms": ("<=", 1.65),
     "t3l_decode_ms": ("<=", 0.50),
+    "t3l_prefill_ms_local_sync": ("<=", 1.65),
+    "t3l_decode_ms_local_sync": ("<=", 0.50),
     "t3l_pp2_decode_transfers": ("<=", 2),
 }
 
@@ -166,7 +168,7 @@ def print_eager(rows: dict) -> None:
 
 
 def print_compiled(c: dict) -> None:
-    print(f"\n== compiled (IREE llvm-cpu, local-task) {c['model']}, batch 1, prompt {c['prompt_len']}, cache {c['max_seq_len']}")
+    print(f"\n== compiled (IREE llvm-cpu, local-task; *_sync rows on local-sync) {c['model']}, batch 1, prompt {c['prompt_len']}, cache {c['max_seq_len']}")
     print(f"{'row':<22} {'eager':>11} {'compiled':>11} {'ratio':>7} {'min-max':>13} {'target':>8}")
     d, p = c["decode_speedup_vs_eager"], c["prefill_speedup_vs_eager"]
     print(_ratio_line("compiled_decode_speedup", d["a_us"], d["b_us"], d, 22) + "   (us per token; ratio = eager / compiled)")
@@ -229,6 +231,8 @@ def summary(results: dict) -> list[dict]:
         got["t3l_export_compile_s"] = (r["export_compile_s"], None, None)
         got["t3l_prefill_ms"] = (r["tp1"]["prefill_ms"], None, None)
         got["t3l_decode_ms"] = (r["tp1"]["decode_ms"], r["tp1"]["decode_ms_min"], r["tp1"]["decode_ms_max"])
+        got["t3l_prefill_ms_local_sync"] = (r["tp1_sync"]["prefill_ms"], None, None)
+        got["t3l_decode_ms_local_sync"] = (r["tp1_sync"]["decode_ms"], r["tp1_sync"]["decode_ms_min"], r["tp1_sync"]["decode_ms_max"])
         got["t3l_pp2_decode_transfers"] = (float(r["builds"]["pp2"]["transfers"]["decode_bs1"]), None, None)
     if "compiled" in results:
         d = results["compiled"]["decode_speedup_vs_eager"]

@@ -4,7 +4,8 @@ torch and against each other in the same run, plus export and compile times and 
 each decode step moves (from the exported MLIR).
 
 On CPU every logical ``local-task`` device shares one worker pool, so a sharded module is
-compared with the one-device module to measure the cost of sharding, not a speed-up.
+compared with the one-device module to measure the cost of sharding, not a speed-up. The
+one-device and tp2xpp2 modules also run on ``local-sync`` (``*_sync`` rows).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def compiled_rows(root: Path, names: list[str], rounds: int, prompt_len: int = 3
     manifests = build_artifacts(root, ["tp1", *[n for n in names if n != "tp1"]], max_seq_len)
     eager = load_model(MODEL, tp=1, pp=1)
     models = {name: CompiledModel(root / name) for name in manifests}
+    # One device and tp2xpp2 also on the local-sync driver (every dispatch on the calling
+    # thread): the cost of sharding without the worker pool's hand-offs.
+    models |= {f"{n}_sync": CompiledModel(root / n, driver="local-sync") for n in ("tp1", "tp2pp2") if n in manifests}
     tokens = torch.randint(0, eager.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     pos = torch.tensor([prompt_len])
     with torch.no_grad():
@@ -117,10 +121,12 @@ def compiled_rows(root: Path, names: list[str], rounds: int, prompt_len: int = 3
     rows["prefill_tokens_per_s"] = {k: prompt_len / statistics.median(v) for k, v in prefill.items()}
     rows["decode_ms_per_token"] = {k: statistics.median(v) * 1e3 for k, v in decode.items()}
     # Sharded compiled time / one-device compiled time.
+    # (a *_sync row against tp1 on local-sync too).
+    base = {n: "tp1_sync" if n.endswith("_sync") else "tp1" for n in models}
     rows["sharded_vs_tp1"] = {
-        n: {"decode": ratio_stats(decode[n], decode["tp1"]), "prefill": ratio_stats(prefill[n], prefill["tp1"])}
+        n: {"decode": ratio_stats(decode[n], decode[base[n]]), "prefill": ratio_stats(prefill[n], prefill[base[n]])}
         for n in models
-        if n != "tp1"
+        if not n.startswith("tp1")
     }
     rows["build"] = {
         n: {

@@ -19,6 +19,9 @@ class Target:
 TARGETS: dict[str, Target] = {
     # Data tiling packs weights for the CPU's vector units at compile time: 5x faster decode
     # and 9x faster prefill for toy-llama-3l in float16 (tools/bench.py), for ~1 s more compile.
+    # The global-optimization path: IREE 3.10's newer dispatch-creation path (what
+    # --iree-opt-data-tiling picks) miscompiles attention written as products (logits off
+    # by ~6 for toy-llama-3l; see ops.attention_as_matmuls).
     "cpu": Target(
         "local",
         "local-task",
@@ -27,7 +30,7 @@ TARGETS: dict[str, Target] = {
         (
             "--iree-hal-local-target-device-backends=llvm-cpu",
             "--iree-opt-level=O3",
-            "--iree-opt-data-tiling",
+            "--iree-global-opt-data-tiling",
             # O3's aggressive fusion with data tiling fails to compile a pipeline stage's last
             # block in 3.10 ("write affecting operations on global resources ...").
             "--iree-dispatch-creation-enable-aggressive-fusion=false",

@@ -124,9 +124,17 @@ def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
     return leaves, spec, devices
 
 
-def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq_len: int | None = None):
+def export_llama(
+    model: LlamaModel,
+    batch_sizes: tuple[int, ...] = (1,),
+    max_seq_len: int | None = None,
+    *,
+    attention_as_matmuls: bool = False,
+):
     """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
-    where ``specs`` describes every function's arguments and results for the manifest."""
+    where ``specs`` describes every function's arguments and results for the manifest.
+    ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
+    faster on IREE's CPU backend)."""
     from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
     from iree.turbine.aot.decompositions import extend_aot_decompositions
@@ -179,7 +187,7 @@ def export_llama(model: LlamaModel, batch_sizes: tuple[int, ...] = (1,), max_seq
             # No extra decompositions: the IREE importer takes these graphs as traced, and
             # turbine's default table re-traces every program (about half the export time).
             # No Python stack trace per graph node either (about 10% of tracing).
-            with extend_aot_decompositions(from_current=False), _no_stack_traces():
+            with extend_aot_decompositions(from_current=False), _no_stack_traces(), ops.attention_as_matmuls(attention_as_matmuls):
                 fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
             specs[name] = {
                 "batch_size": b,

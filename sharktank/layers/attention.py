@@ -37,12 +37,13 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
     t = k_cache.shape[1]
     mask = ops.elementwise(_causal_mask, positions, length=t)  # [B, 1, S, T]
     dtype = q.dtype
-    # Scores and softmax in float32 for half-precision models, as the references accumulate.
+    # Scores and softmax in float32 for half-precision models, as the references accumulate
+    # (the op computes k and v in q's dtype).
     up = (lambda z: ops.to(z, torch.float32)) if dtype != torch.float32 else (lambda z: z)
     out = ops.scaled_dot_product_attention(
         up(ops.transpose(q, 1, 2)),
-        up(ops.transpose(k_cache, 1, 2)),
-        up(ops.transpose(v_cache, 1, 2)),
+        ops.transpose(k_cache, 1, 2),
+        ops.transpose(v_cache, 1, 2),
         mask,
         enable_gqa=num_heads != num_kv_heads,
     )

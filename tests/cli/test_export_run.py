@@ -69,6 +69,21 @@ def test_run_matches_eager(tp2pp2):
     assert r["device_count"] == 4 and r["dtype"] == "float32" and r["decode_ms_per_token"]["median"] > 0
 
 
+def test_local_sync_driver_gives_the_same_logits(tp2pp2, tmp_path):
+    import numpy as np
+
+    out, _ = tp2pp2
+    logits = {}
+    for driver in ("local-task", "local-sync"):
+        p = sharktank("run", out, "--tokens", "3,1,4", "--max-new-tokens", "4", "--driver", driver, "--save-logits", tmp_path / f"{driver}.npy", "--json")
+        assert json.loads(p.stdout)["driver"] == driver
+        logits[driver] = np.load(tmp_path / f"{driver}.npy")
+    # The same kernels in the same order: only the threads that run them differ.
+    np.testing.assert_array_equal(logits["local-task"], logits["local-sync"])
+    p = sharktank("run", out, "--tokens", "3", "--driver", "cuda", check=False)
+    assert p.returncode == 2 and "compiled for cpu, which runs on driver local-task or local-sync, not 'cuda'" in p.stderr, p.stderr
+
+
 def test_save_logits_and_inspect(tp2pp2, tmp_path):
     import numpy as np
 

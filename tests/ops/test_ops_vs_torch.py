@@ -116,3 +116,36 @@ def test_gqa_attention_split_on_heads(n):
             ops.scaled_dot_product_attention(
                 place(q, "S1", (0, 1, 2)), place(k, "S1", (0, 1, 2)), place(v, "S1", (0, 1, 2)), enable_gqa=True
             )
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "per_head"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+@pytest.mark.parametrize("n", [1, 2])
+def test_attention_as_matmuls_matches_fused(mask, heads, kv_heads, n):
+    # The unfused form export traces for CPU: GQA groups stacked, never repeated; a
+    # half-precision k/v computed in q's float32 as the fused path does.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads, 3, 8, generator=g)
+    k, v = (torch.randn(2, kv_heads, 7, 8, generator=g).half() for _ in range(2))
+    a = {
+        "none": None,
+        "bool": torch.rand(2, 1, 3, 7, generator=g) > 0.3,
+        "additive": torch.randn(2, 1, 3, 7, generator=g),
+        "per_head": torch.rand(2, heads, 3, 7, generator=g) > 0.3,
+    }[mask]
+    if a is not None and a.dtype == torch.bool:
+        a[..., 0] = True  # every row attends somewhere (an all-masked row is NaN in both)
+    gqa = heads != kv_heads
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.float(), v.float(), attn_mask=a, enable_gqa=gqa)
+    devices = tuple(range(n))
+    args = [place(t, "S1", devices) for t in (q, k, v)] if n > 1 else [q, k, v]
+    with ops.attention_as_matmuls():
+        got = ops.scaled_dot_product_attention(*args, a, enable_gqa=gqa)
+    torch.testing.assert_close(_value(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_as_matmuls_needs_enable_gqa_for_fewer_kv_heads():
+    # As torch: fewer KV heads without enable_gqa is an error, not a silent GQA.
+    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 2, 8)
+    with ops.attention_as_matmuls(), pytest.raises(RuntimeError):
+        ops.scaled_dot_product_attention(q, k, k)
