@@ -104,7 +104,7 @@ def _variant(src, tmp_path, edit):
 def test_gpu_driver_or_devices_missing_is_a_clear_error(toy_artifact, tmp_path, driver, devices, eager_ids, figure):
     """A manifest asking for devices this machine lacks. On a CPU-only machine the driver itself
     is missing; where the driver exists, 64 devices are more than any machine here has."""
-    d = _variant(toy_artifact, tmp_path, lambda m: (m["compile"].update(driver=driver), m.update(device_count=devices)))
+    d = _variant(toy_artifact, tmp_path, lambda m: (m["compile"].update(driver=driver, target=driver), m.update(device_count=devices)))
     with pytest.raises(ArtifactError) as err:
         CompiledModel(d)
     msg = str(err.value)
