@@ -114,4 +114,6 @@ def test_bad_inputs_are_clear_errors():
     cache = model.new_cache(1, 4)
     with pytest.raises(ValueError, match="past the cache length 4"):
         model.prefill(torch.tensor([[1, 2, 3, 4, 5]]), cache)
+    with pytest.raises(ValueError, match="positions must be >= 0, found -1"):
+        model.decode(torch.tensor([1]), cache, torch.tensor([-1]))
     assert isinstance(config, LlamaConfig)

@@ -78,6 +78,8 @@ class LlamaModel:
             raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, S]")
         if int(positions.max()) >= cache.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
+        if int(positions.min()) < 0:  # a negative index would write at the cache's far end
+            raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         logits = []
