@@ -120,3 +120,22 @@ def test_gpu_targets_compile(target, flag):
     flags = compile_flags(2, target)
     assert flag in flags and f"--iree-hal-target-device={target}[1]" in flags
     assert len(compile_mlir(_mlir(_tp_ffn, *args), 2, target)) > 1000
+
+
+def test_cpu_export_writes_attention_as_products_gpu_keeps_the_fused_op():
+    import dataclasses
+
+    from sharktank.export.llama import export_llama
+    from sharktank.models.llama.model import LlamaModel
+    from sharktank.models.llama.presets import PRESETS, random_theta
+
+    config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1)
+    model = LlamaModel(config, random_theta(config))
+    fused = str(export_llama(model, (1,), 16)[0].mlir_module)
+    unfused = str(export_llama(model, (1,), 16, attention_as_matmuls=True)[0].mlir_module)
+    assert fused.count("torch.aten.scaled_dot_product_attention") == 2  # prefill and decode
+    assert "scaled_dot_product_attention" not in unfused and "torch.aten.softmax" in unfused
+    # GQA (8 query heads, 4 KV heads): decode stacks each KV head's queries, so its cache
+    # is not repeated; only prefill (a dynamic length) repeats it.
+    prefill, decode = unfused.split("func.func @decode_bs1")
+    assert "torch.aten.repeat_interleave" in prefill and "torch.aten.repeat" not in decode
