@@ -10,6 +10,8 @@ sum counts it once), and ``mul``/``div`` of one unreduced tensor by non-unreduce
 
 from __future__ import annotations
 
+import operator
+
 from numbers import Number
 from typing import Any, Callable
 
@@ -99,13 +101,23 @@ def _all_alike(ref, operands) -> bool:
     if t not in _SHARDED_TYPES:
         return False
     shape, devices = ref._shape, ref._devices
+    same = _same_traced_shape if type(ref._shards[0]) is not torch.Tensor else operator.eq
     for x in operands:
-        if type(x) is not t or x._shape != shape or x._devices != devices:
+        if type(x) is not t or x._devices != devices or not same(x._shape, shape):
             return False
     if t is SplitPrimitiveTensor:
         sizes = ref.shard_sizes
         return all(x.shard_dim == ref.shard_dim and x.shard_sizes == sizes for x in operands)
     return True
+
+
+def _same_traced_shape(a: torch.Size, b: torch.Size) -> bool:
+    """Equal shapes without adding a guard on symbolic sizes: a dynamic length that is not
+    known equal counts as different (comparing it plainly would make torch.export guard on
+    e.g. a query length differing from the cache length)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return len(a) == len(b) and all(x == y if type(x) is int and type(y) is int else statically_known_true(x == y) for x, y in zip(a, b))
 
 
 _SHARDED_TYPES = (SplitPrimitiveTensor, ReplicatedTensor, UnreducedTensor)

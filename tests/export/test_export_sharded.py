@@ -139,3 +139,26 @@ def test_cpu_export_writes_attention_as_products_gpu_keeps_the_fused_op():
     # is not repeated; only prefill (a dynamic length) repeats it.
     prefill, decode = unfused.split("func.func @decode_bs1")
     assert "torch.aten.repeat_interleave" in prefill and "torch.aten.repeat" not in decode
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_model_without_gqa_exports_and_runs_like_eager(tmp_path, tp):
+    # As many KV heads as query heads (most older checkpoints): q and the cache then go
+    # through the aligned-operands path, which must not guard the prompt length against the
+    # cache length (torch.export refused the dynamic length before).
+    import dataclasses
+
+    from sharktank.export.artifact import export_artifact
+    from sharktank.models.llama.model import LlamaModel
+    from sharktank.models.llama.presets import PRESETS, random_theta
+    from sharktank.parallel import ParallelPlan
+    from sharktank.runtime import CompiledModel
+
+    config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1, num_kv_heads=PRESETS["toy-llama"].num_heads)
+    model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, tp, 1))
+    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, no GQA)", max_seq_len=16)
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    ids, logits = CompiledModel(tmp_path / "art").generate(tokens, 4)
+    assert torch.equal(ids, model.generate(tokens, 4))
+    want = model.prefill(torch.cat([tokens, ids[:, :-1]], 1))[:, tokens.shape[1] - 1 :]
+    assert (logits - want).abs().max().item() <= 1e-4
