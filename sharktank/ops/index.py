@@ -71,7 +71,11 @@ def _index_put(t, indices, values):
     k = len(indices)
     if isinstance(t, UnreducedTensor):
         raise ShardingError(f"ops.{op} into an UnreducedTensor is not linear; all_reduce first")
-    if isinstance(t, SplitPrimitiveTensor):
+    if n == 1 and isinstance(values, (SplitPrimitiveTensor, ReplicatedTensor)) and values.shard_count == 1:
+        # One shard holds everything: a split dim is only a label (a reshape of a size-1 dim
+        # may put it elsewhere, e.g. a single KV head), so the values fit as they are.
+        vals = values.shards
+    elif isinstance(t, SplitPrimitiveTensor):
         if t.shard_dim < k:
             raise ShardingError(f"ops.{op}: indexed dim {t.shard_dim} of {list(t.shape)} is split; reshard first")
         from_end = t.ndim - t.shard_dim

@@ -11,7 +11,7 @@ from sharktank.weights import Theta
 
 
 @functools.lru_cache(maxsize=None)
-def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False, seed: int = 0):
+def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False, seed: int = 0, kv_heads: int = 4):
     """(transformers model, our config, theta) for a small random Llama (or Qwen2) model."""
     import transformers
 
@@ -22,7 +22,7 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
         intermediate_size=48,
         num_hidden_layers=num_layers,
         num_attention_heads=8,
-        num_key_value_heads=4,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=64,
         rms_norm_eps=1e-5,
     )

@@ -41,6 +41,16 @@ def test_logits_match_transformers(tp, pp):
     assert sum(t.shape == tuple(TOKENS.shape) and t.dtype == torch.int64 for t in log) == inputs
 
 
+@pytest.mark.parametrize("kv_heads, tp", [(1, 1), (8, 1), (8, 2)])
+def test_multi_query_and_full_kv_heads_match_transformers(kv_heads, tp):
+    # One KV head (multi-query: its reshape may name any dim of one shard) and as many KV
+    # heads as query heads (no grouping), eager and sharded, decode after prefill.
+    ref, config, theta = hf_llama(num_layers=2, kv_heads=kv_heads)
+    model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, 1))
+    assert (model.prefill(TOKENS) - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+    assert torch.equal(model.generate(TOKENS[:1], 4), ref.generate(TOKENS[:1], max_new_tokens=4, do_sample=False)[:, TOKENS.shape[1] :])
+
+
 def test_dualpipev_placement_matches_transformers():
     ref, config, theta = hf_llama(num_layers=8)
     plan = plan_from_directives(SHARED / "dualpipev-pp8-dp2.json", num_blocks=8)
