@@ -48,5 +48,5 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
         enable_gqa=num_heads != num_kv_heads,
     )
     out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b, s, num_heads * head_dim])
-    y = ops.linear(out, w["o"])
+    y = ops.linear(out, w["o"], w.get("o_bias"))
     return (ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y), (k_cache, v_cache)

@@ -14,9 +14,10 @@ def _silu_mul(g, u):
     return F.silu(g) * u
 
 
-def swiglu_ffn(x, gate, up, down):
-    """``down(silu(gate(x)) * up(x))``. Column-parallel gate/up and row-parallel down give
-    partial sums, which are all-reduced here."""
-    h = ops.elementwise(_silu_mul, ops.linear(x, gate), ops.linear(x, up))
-    y = ops.linear(h, down)
+def swiglu_ffn(x, gate, up, down, gate_bias=None, up_bias=None, down_bias=None):
+    """``down(silu(gate(x)) * up(x))`` (with optional biases). Column-parallel gate/up and
+    row-parallel down give partial sums, which are all-reduced here (a replicated down bias
+    is added to one partial sum)."""
+    h = ops.elementwise(_silu_mul, ops.linear(x, gate, gate_bias), ops.linear(x, up, up_bias))
+    y = ops.linear(h, down, down_bias)
     return ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y

@@ -178,6 +178,8 @@ def _config(path, fields: dict[str, Any], tensors: dict[str, torch.Tensor], rope
             rope_scaling=scaling,
             max_seq_len=int(need(f"{ARCH}.context_length")),
             attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
+            o_bias="model.layers.0.self_attn.o_proj.bias" in tensors,
+            mlp_bias="model.layers.0.mlp.gate_proj.bias" in tensors,
             tie_word_embeddings="lm_head.weight" not in tensors,
         )
     except (ValueError, TypeError, ZeroDivisionError) as e:

@@ -24,9 +24,15 @@ def llama_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_proj.bias"] = (kv,)
             shapes[p + "self_attn.v_proj.bias"] = (kv,)
         shapes[p + "self_attn.o_proj.weight"] = (h, q)
+        if config.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
         shapes[p + "mlp.up_proj.weight"] = (ffn, h)
         shapes[p + "mlp.down_proj.weight"] = (h, ffn)
+        if config.mlp_bias:
+            shapes[p + "mlp.gate_proj.bias"] = (ffn,)
+            shapes[p + "mlp.up_proj.bias"] = (ffn,)
+            shapes[p + "mlp.down_proj.bias"] = (h,)
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
     shapes["model.norm.weight"] = (h,)

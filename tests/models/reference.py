@@ -11,7 +11,7 @@ from sharktank.weights import Theta
 
 
 @functools.lru_cache(maxsize=None)
-def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False, seed: int = 0, kv_heads: int = 4):
+def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False, seed: int = 0, kv_heads: int = 4, biases: bool = False):
     """(transformers model, our config, theta) for a small random Llama (or Qwen2) model."""
     import transformers
 
@@ -39,12 +39,15 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
     if qwen:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kwargs, tie_word_embeddings=False))
     else:
+        if biases:  # Llama with attention_bias (q, k, v and o) and mlp_bias
+            kwargs.update(attention_bias=True, mlp_bias=True)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
     model.eval()
-    # Non-trivial norm weights, so that a norm applied wrongly shows.
+    # Non-trivial norm weights and biases (transformers starts biases at zero), so that one
+    # applied wrongly, or not at all, shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
     config = LlamaConfig.from_hf(model.config.to_dict())
     theta = Theta({k: v.detach().clone() for k, v in model.state_dict().items() if "rotary" not in k})

@@ -51,6 +51,16 @@ def test_multi_query_and_full_kv_heads_match_transformers(kv_heads, tp):
     assert torch.equal(model.generate(TOKENS[:1], 4), ref.generate(TOKENS[:1], max_new_tokens=4, do_sample=False)[:, TOKENS.shape[1] :])
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llama_with_attention_and_mlp_biases_matches_transformers(tp):
+    # attention_bias gives q, k, v and o biases, mlp_bias gate, up and down: the row-parallel
+    # ones (o, down) are added once to the partial sums.
+    ref, config, theta = hf_llama(num_layers=2, biases=True)
+    assert config.attention_bias and config.o_bias and config.mlp_bias
+    model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, 1))
+    assert (model.prefill(TOKENS) - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+
+
 def test_dualpipev_placement_matches_transformers():
     ref, config, theta = hf_llama(num_layers=8)
     plan = plan_from_directives(SHARED / "dualpipev-pp8-dp2.json", num_blocks=8)

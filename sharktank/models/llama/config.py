@@ -23,7 +23,9 @@ class LlamaConfig:
     # "high_freq_factor", "original_max_position_embeddings"}
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     max_seq_len: int = 2048
-    attention_bias: bool = False  # q/k/v biases (Qwen2)
+    attention_bias: bool = False  # q/k/v biases (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # o_proj bias (Llama's attention_bias; not Qwen2)
+    mlp_bias: bool = False  # gate/up/down biases (Llama's mlp_bias)
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
@@ -69,5 +71,7 @@ class LlamaConfig:
             rope_scaling=scaling,
             max_seq_len=d.get("max_position_embeddings", 2048),
             attention_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
+            o_bias=bool(d.get("attention_bias", False)) and d.get("model_type") != "qwen2",
+            mlp_bias=bool(d.get("mlp_bias", False)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         )

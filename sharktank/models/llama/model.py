@@ -122,7 +122,7 @@ class LlamaModel:
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
-                x = ops.add(x, swiglu_ffn(h, w["gate"], w["up"], w["down"]))
+                x = ops.add(x, swiglu_ffn(h, w["gate"], w["up"], w["down"], w.get("gate_bias"), w.get("up_bias"), w.get("down_bias")))
                 new_entries.append(kv)
                 block += 1
         x = ops.rms_norm(x, weights.norm, epsilon=c.rms_norm_eps)

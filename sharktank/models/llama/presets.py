@@ -64,9 +64,15 @@ def random_theta(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.
             t[p + "self_attn.k_proj.bias"] = w(c.num_kv_heads * hd)
             t[p + "self_attn.v_proj.bias"] = w(c.num_kv_heads * hd)
         t[p + "self_attn.o_proj.weight"] = w(c.hidden_size, c.num_heads * hd)
+        if c.o_bias:
+            t[p + "self_attn.o_proj.bias"] = w(c.hidden_size)
         t[p + "mlp.gate_proj.weight"] = w(c.intermediate_size, c.hidden_size)
         t[p + "mlp.up_proj.weight"] = w(c.intermediate_size, c.hidden_size)
         t[p + "mlp.down_proj.weight"] = w(c.hidden_size, c.intermediate_size)
+        if c.mlp_bias:
+            t[p + "mlp.gate_proj.bias"] = w(c.intermediate_size)
+            t[p + "mlp.up_proj.bias"] = w(c.intermediate_size)
+            t[p + "mlp.down_proj.bias"] = w(c.hidden_size)
         t[p + "input_layernorm.weight"] = norm()
         t[p + "post_attention_layernorm.weight"] = norm()
     t["model.norm.weight"] = norm()

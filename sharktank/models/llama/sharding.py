@@ -1,6 +1,6 @@
 """Tensor-parallel sharding of Llama weights, placed on each stage's device groups.
 
-Column-parallel (split on the output dim, 0): q/k/v projections (and biases), gate and up.
+Column-parallel (split on the output dim, 0): q/k/v projections, gate and up (and their biases).
 Row-parallel (split on the input dim, 1): o and down; their outputs are partial sums that
 the layers all-reduce. Replicated: norms and the token embedding. The LM head is split on
 the vocabulary (column-parallel) and gathered at the end. KV heads are split across the
@@ -32,6 +32,9 @@ _SPLIT_DIM = {
     "mlp.gate_proj.weight": 0,
     "mlp.up_proj.weight": 0,
     "mlp.down_proj.weight": 1,
+    "mlp.gate_proj.bias": 0,
+    "mlp.up_proj.bias": 0,
+    # Row-parallel biases (o_proj, down_proj) are replicated: added once to the partial sums.
 }
 
 
@@ -69,6 +72,10 @@ _SHORT = {
     "self_attn.q_proj.bias": "q_bias",
     "self_attn.k_proj.bias": "k_bias",
     "self_attn.v_proj.bias": "v_bias",
+    "self_attn.o_proj.bias": "o_bias",
+    "mlp.gate_proj.bias": "gate_bias",
+    "mlp.up_proj.bias": "up_bias",
+    "mlp.down_proj.bias": "down_bias",
     "mlp.gate_proj.weight": "gate",
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
