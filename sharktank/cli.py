@@ -272,14 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb.")
-    c.add_argument("dir")
+    c.add_argument("dir", help="an export directory (from `sharktank export`)")
     c.add_argument("--target", choices=["cpu", "hip", "cuda"], help="compile target (default: as exported)")
     c.add_argument("--target-arch", dest="target_arch", help="CPU name, ROCm arch or CUDA arch")
     c.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
     c.set_defaults(func=cmd_compile, json=False)
 
     r = sub.add_parser("run", help="greedy generation with a compiled directory", description="Prefill the prompt, then decode greedily on the compiled module.")
-    r.add_argument("dir")
+    r.add_argument("dir", help="a compiled export directory (from `sharktank export`)")
     r.add_argument("--tokens", required=True, help="prompt token ids, comma-separated; several sequences of one length separated by ';' (the batch must be an exported batch size)")
     r.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
     r.add_argument("--compare-eager", action="store_true", help="also run eager torch and print the max logit error")
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("inspect", help="describe an exported directory", description="Devices per stage, parameter bytes per device, transfers per function, compile flags.")
-    i.add_argument("dir")
+    i.add_argument("dir", help="an export directory (from `sharktank export`)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_inspect)
     return parser
