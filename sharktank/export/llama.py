@@ -134,7 +134,8 @@ def export_llama(
     """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
     where ``specs`` describes every function's arguments and results for the manifest.
     ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
-    faster on IREE's CPU backend)."""
+    what ``export_artifact`` does: faster on IREE's CPU backend, and IREE 3.10's GPU backends
+    fail to compile the fused op for these models)."""
     from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
     from iree.turbine.aot.decompositions import extend_aot_decompositions

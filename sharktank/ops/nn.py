@@ -122,7 +122,7 @@ def scaled_dot_product_attention(
     the same head or batch dim (not the last two; with GQA, heads split into the same number
     of groups per shard), or replicated; the mask is cut to match. k and v are computed in
     q's dtype (a half-precision cache attends in float32 when q is float32). See
-    :func:`attention_as_matmuls` for the unfused form export uses on CPU."""
+    :func:`attention_as_matmuls` for the unfused form export uses."""
 
 
 @scaled_dot_product_attention.register(torch.Tensor, torch.Tensor, torch.Tensor)
@@ -140,8 +140,9 @@ def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
     """While active, :func:`scaled_dot_product_attention` is computed as two products and a
     softmax (eagerly and when traced) instead of one fused attention op.
 
-    Export enables it for CPU targets: IREE 3.10's fused attention kernel on CPU took ~80 %
-    of toy-llama-3l's prefill (2.2 ms; 1.1 ms as products). A grouped KV head is not
+    Export enables it for every target: IREE 3.10's fused attention kernel on CPU took ~80 %
+    of toy-llama-3l's prefill (2.2 ms; 1.1 ms as products), and it does not compile for
+    CUDA (sm_80) or HIP (gfx942) on the toy models. A grouped KV head is not
     repeated: the query heads it serves are stacked into one operand (decode) or it is
     broadcast over them (a dynamic query length)."""
     token = _AS_MATMULS.set(enabled)
