@@ -142,9 +142,9 @@ def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
 
     Export enables it for every target: IREE 3.10's fused attention kernel on CPU took ~80 %
     of toy-llama-3l's prefill (2.2 ms; 1.1 ms as products), and it does not compile for
-    CUDA (sm_80) or HIP (gfx942) on the toy models. A grouped KV head is not
-    repeated: the query heads it serves are stacked into one operand (decode) or it is
-    broadcast over them (a dynamic query length)."""
+    CUDA (sm_80) or HIP (gfx942) on the toy models. With a static query length (decode) a
+    grouped KV head is not repeated: the query heads it serves are stacked into one operand;
+    with a dynamic one (prefill) K and V are repeated per query head."""
     token = _AS_MATMULS.set(enabled)
     try:
         yield
