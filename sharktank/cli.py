@@ -235,6 +235,7 @@ def cmd_inspect(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from .export.compile import TARGETS
     from .models import SOURCES_HELP
 
     parser = argparse.ArgumentParser(
@@ -262,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
     e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="KV-cache length (default: the model's context)")
     e.add_argument("--dtype", help="convert weights to float32, float16 or bfloat16")
-    e.add_argument("--target", choices=["cpu", "hip", "cuda"], help="compile target (default cpu)")
+    e.add_argument("--target", choices=list(TARGETS), help="compile target (default cpu)")
     e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")
     e.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
     e.add_argument("--seed", type=int, help="seed for preset models' random weights (default 0)")
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb.")
     c.add_argument("dir", help="an export directory (from `sharktank export`)")
-    c.add_argument("--target", choices=["cpu", "hip", "cuda"], help="compile target (default: as exported)")
+    c.add_argument("--target", choices=list(TARGETS), help="compile target (default: as exported)")
     c.add_argument("--target-arch", dest="target_arch", help="CPU name, ROCm arch or CUDA arch")
     c.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
     c.set_defaults(func=cmd_compile, json=False)
@@ -285,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compare-eager", action="store_true", help="also run eager torch and print the max logit error")
     r.add_argument(
         "--driver",
-        choices=["local-task", "local-sync", "hip", "cuda"],
+        choices=[d for t in TARGETS.values() for d in t.drivers],
         help="IREE runtime driver (default: the one compiled for). CPU modules run on local-task "
         "(worker threads; faster for larger work) or local-sync (on the calling thread; faster for small models)",
     )

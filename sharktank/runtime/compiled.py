@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..export.compile import TARGETS
 from ..weights._files import resolve_inside, sha256_file
 from .session import Session
 
-__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel", "DRIVERS"]
+__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel"]
 
 
 class ArtifactError(ValueError):
@@ -79,10 +80,6 @@ def _check_file(directory: Path, name: str, sha: str | None, manifest: Path) -> 
     return path
 
 
-# Runtime drivers that run each compile target's modules (the first is the default).
-DRIVERS = {"cpu": ("local-task", "local-sync"), "hip": ("hip",), "cuda": ("cuda",)}
-
-
 class CompiledModel:
     """A compiled artifact on its devices. ``prefill``/``decode`` take and return torch tensors.
 
@@ -118,7 +115,8 @@ class CompiledModel:
         ]
         self.device_count = m["device_count"]
         self.driver = driver or info["driver"]
-        allowed = DRIVERS.get(info.get("target"), (info["driver"],))
+        target = TARGETS.get(info.get("target"))
+        allowed = target.drivers if target else (info["driver"],)
         if self.driver not in allowed:
             raise ArtifactError(f"{self.directory}: compiled for {info.get('target')}, which runs on driver {' or '.join(allowed)}, not {self.driver!r}")
         self._check_devices(self.driver)
@@ -130,7 +128,7 @@ class CompiledModel:
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
 
     def _check_devices(self, driver: str) -> None:
-        if driver in DRIVERS["cpu"]:
+        if driver in TARGETS["cpu"].drivers:
             return  # any number of logical CPU devices can be created
         import iree.runtime as rt
 
