@@ -42,40 +42,16 @@ PRESET_DTYPES: dict[str, torch.dtype] = {"toy-llama-3l": torch.float16}
 
 
 def random_theta(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Theta:
-    """Seeded random weights in the Hugging Face layout (the same seed gives the same bits)."""
+    """Seeded random weights in the Hugging Face layout (the same seed gives the same bits):
+    norms near 1, the embedding at scale 1, the LM head at 0.2, the rest at 0.05."""
+    from ...weights.llama_layout import llama_shapes
+
     g = torch.Generator().manual_seed(seed)
-    c = config
-    hd = c.head_dim
-
-    def w(*shape, scale=0.05):
-        return (torch.randn(shape, generator=g) * scale).to(dtype)
-
-    def norm():
-        return (1.0 + 0.1 * torch.randn((c.hidden_size,), generator=g)).to(dtype)
-
-    t = {"model.embed_tokens.weight": w(c.vocab_size, c.hidden_size, scale=1.0)}
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        t[p + "self_attn.q_proj.weight"] = w(c.num_heads * hd, c.hidden_size)
-        t[p + "self_attn.k_proj.weight"] = w(c.num_kv_heads * hd, c.hidden_size)
-        t[p + "self_attn.v_proj.weight"] = w(c.num_kv_heads * hd, c.hidden_size)
-        if c.attention_bias:
-            t[p + "self_attn.q_proj.bias"] = w(c.num_heads * hd)
-            t[p + "self_attn.k_proj.bias"] = w(c.num_kv_heads * hd)
-            t[p + "self_attn.v_proj.bias"] = w(c.num_kv_heads * hd)
-        t[p + "self_attn.o_proj.weight"] = w(c.hidden_size, c.num_heads * hd)
-        if c.o_bias:
-            t[p + "self_attn.o_proj.bias"] = w(c.hidden_size)
-        t[p + "mlp.gate_proj.weight"] = w(c.intermediate_size, c.hidden_size)
-        t[p + "mlp.up_proj.weight"] = w(c.intermediate_size, c.hidden_size)
-        t[p + "mlp.down_proj.weight"] = w(c.hidden_size, c.intermediate_size)
-        if c.mlp_bias:
-            t[p + "mlp.gate_proj.bias"] = w(c.intermediate_size)
-            t[p + "mlp.up_proj.bias"] = w(c.intermediate_size)
-            t[p + "mlp.down_proj.bias"] = w(c.hidden_size)
-        t[p + "input_layernorm.weight"] = norm()
-        t[p + "post_attention_layernorm.weight"] = norm()
-    t["model.norm.weight"] = norm()
-    if not c.tie_word_embeddings:
-        t["lm_head.weight"] = w(c.vocab_size, c.hidden_size, scale=0.2)
+    t = {}
+    for name, shape in llama_shapes(config).items():  # in model order: the draws stay fixed
+        if name.endswith("norm.weight"):
+            t[name] = (1.0 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
+        else:
+            scale = {"model.embed_tokens.weight": 1.0, "lm_head.weight": 0.2}.get(name, 0.05)
+            t[name] = (torch.randn(shape, generator=g) * scale).to(dtype)
     return Theta(t)
