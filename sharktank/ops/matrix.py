@@ -169,13 +169,13 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``. Traced in half precision, the product is written with float32 inputs
-    and accumulator, as torch's CPU kernels compute it eagerly; IREE would otherwise
-    accumulate in the half type. (IREE fuses the casts into the product: no float32 copy
-    of a weight is made.)"""
-    if x.dtype in _HALF and _tracing_tensor(x):
-        y = F.linear(x.reshape(-1, x.shape[-1]).float(), w.float(), None if b is None else b.float())
-        return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+    """``F.linear``. Traced in half precision, the product is written as one 2-D product
+    (rows of ``x`` flattened): torch-mlir gives a 2-D product of half operands a float32
+    accumulator, as torch's CPU kernels compute it eagerly, while a batched product would
+    accumulate in the half type. The weight stays in its dtype (no float32 copy of it)."""
+    if x.dtype in _HALF and x.ndim != 2 and _tracing_tensor(x):
+        y = F.linear(x.reshape(-1, x.shape[-1]), w, b)
+        return y.reshape(*x.shape[:-1], w.shape[0])
     return F.linear(x, w, b)
 
 

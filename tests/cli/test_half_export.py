@@ -14,11 +14,25 @@ import pytest
 import torch
 
 from sharktank.export.artifact import export_artifact
+from sharktank.export.compile import compile_flags
 from sharktank.models.llama.model import LlamaModel
 from sharktank.models.llama.presets import PRESETS, random_theta
 from sharktank.runtime import CompiledModel
 
 MLIR_TYPE = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def _assert_linear_products_are_half_with_float32_accumulators(mlir: str, half: str, blocks: int) -> None:
+    """After the compiler's input conversion, every 2-D product (the linears) reads the weight
+    and activation in the half type and accumulates in float32, as torch's CPU kernels do; no
+    weight is widened to a float32 copy first."""
+    import iree.compiler as ic
+
+    linalg = ic.compile_str(mlir, extra_args=[*compile_flags(1), "--compile-to=input"]).decode()
+    products = re.findall(r"linalg\.matmul ins\(.*?: tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\) outs\(.*?: tensor<[^>]*x(\w+)>\)", linalg)
+    # q, k, v, o, gate, up, down per block and the LM head, in prefill and in decode.
+    assert len(products) == 2 * (7 * blocks + 1)
+    assert set(products) == {(half, half, "f32")}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -32,6 +46,7 @@ def test_half_precision_compiled_matches_eager(tmp_path, dtype):
     assert weight_types and set(weight_types) == {MLIR_TYPE[dtype]}
     sig = re.search(r"func\.func @decode_bs1\((.*?)\) ->", mlir, re.S).group(1)
     assert sig.count(f"],{MLIR_TYPE[dtype]}>") == 2 * model.config.num_layers  # k and v per block
+    _assert_linear_products_are_half_with_float32_accumulators(mlir, MLIR_TYPE[dtype], model.config.num_layers)
 
     compiled = CompiledModel(tmp_path / "art")
     tokens = torch.tensor([[3, 1, 4, 1, 5, 9]])
