@@ -2,6 +2,6 @@
 
 from .attention import attention
 from .ffn import swiglu_ffn
-from .rotary import apply_rotary, rope_inv_freq, rotary_cos_sin
+from .rotary import apply_rotary, rope_inv_freq, rotary_angles, rotary_cos_sin
 
-__all__ = ["attention", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_cos_sin"]
+__all__ = ["attention", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_angles", "rotary_cos_sin"]

@@ -10,7 +10,7 @@ import torch
 
 from .. import ops
 
-__all__ = ["rope_inv_freq", "rotary_cos_sin", "apply_rotary"]
+__all__ = ["rope_inv_freq", "rotary_angles", "rotary_cos_sin", "apply_rotary"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
@@ -31,11 +31,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = 
     return inv / factor * (1 - blend) + inv * blend
 
 
-def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``positions[..., None] * inv_freq``, doubled to the head dim and shaped
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``positions[..., None] * inv_freq`` in float32, doubled to the head dim and shaped
     ``[*positions.shape, 1, head_dim]`` to broadcast over heads."""
     angles = positions.to(torch.float32)[..., None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[..., None, :]
+    return torch.cat([angles, angles], dim=-1)[..., None, :]
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of :func:`rotary_angles`, in ``dtype``."""
+    angles = rotary_angles(positions, inv_freq)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 

@@ -54,7 +54,7 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
     # Normalize in float32 and scale in x's dtype, as the Hugging Face reference does.
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype)
-    return weight.to(x.dtype) * y
+    return (weight if weight.dtype == x.dtype else weight.to(x.dtype)) * y
 
 
 @sharded_op(nargs=2)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import ops
-from ...layers import attention, rope_inv_freq, rotary_cos_sin, swiglu_ffn
+from ...layers import attention, rope_inv_freq, rotary_angles, swiglu_ffn
 from ...parallel import ParallelPlan
 from ...types import ReplicatedTensor, SplitPrimitiveTensor
 from ...weights import Theta
@@ -22,6 +22,14 @@ from .config import LlamaConfig
 from .sharding import shard_weights
 
 __all__ = ["LlamaModel", "KVCache"]
+
+
+def _cos(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return angles.cos().to(dtype)
+
+
+def _sin(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return angles.sin().to(dtype)
 
 
 @dataclass
@@ -110,7 +118,9 @@ class LlamaModel:
             weights = stages[stage][r]
             if weights.devices not in per_group:
                 pos = ops.replicate(positions, devices=weights.devices)
-                per_group[weights.devices] = (pos, ops.elementwise(self._rotary, pos, part=0), ops.elementwise(self._rotary, pos, part=1))
+                angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)  # once per group
+                cos = ops.elementwise(_cos, angles, dtype=self.dtype)
+                per_group[weights.devices] = (pos, cos, ops.elementwise(_sin, angles, dtype=self.dtype))
             pos, cos, sin = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
@@ -131,9 +141,6 @@ class LlamaModel:
     def input_device(self, path: int) -> int:
         """The device a microbatch's tokens and positions live on: its path's first device."""
         return self.plan.devices(0, self.plan.paths[path][0])[0]
-
-    def _rotary(self, positions: torch.Tensor, part: int) -> torch.Tensor:
-        return rotary_cos_sin(positions, self.inv_freq, self.dtype)[part]
 
     # --- public entry points -----------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
