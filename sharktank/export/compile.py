@@ -24,8 +24,8 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     # Data tiling packs weights for the CPU's vector units at compile time: toy-llama-3l in
-    # float16 decodes 1.5x and prefills 5x faster than without it (0.64 against 0.96 ms, 1.2
-    # against 6.3 ms for 8 tokens; raw calls on 2 cores), for a few seconds more compile.
+    # float16 decodes 3x and prefills 7x faster than without it (local-sync on 2 cores: 0.39
+    # against 1.31 ms per token, 1.4 against 10.3 ms for 8 tokens), for ~3 s more compile.
     # The global-optimization path: IREE 3.10's newer dispatch-creation path (what
     # --iree-opt-data-tiling picks) miscompiles attention written as products (logits off
     # by ~6 for toy-llama-3l; see ops.attention_as_matmuls).
