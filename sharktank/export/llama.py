@@ -19,6 +19,7 @@ named ``{weight}@d{device}``, loaded on its own device, and written to that devi
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,27 @@ def _no_stack_traces():
         torch.fx.config.do_not_emit_stack_traces = before
 
 
+@contextlib.contextmanager
+def _absent_dialect_modules(*names: str):
+    """While importing to MLIR, the MLIR Python bindings look for a Python module of each
+    dialect they meet (``iree.compiler.dialects.torch``, which iree-base-compiler does not
+    ship) and do not remember a miss: every lookup searches ``sys.path`` again, thousands of
+    times per program. A ``None`` in ``sys.modules`` makes each miss immediate."""
+    import importlib.util
+
+    added = []
+    for name in names:
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            sys.modules[name] = None
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+
+
 def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
     leaves, spec = pytree.tree_flatten(cache.entries)
     devices = arg_devices((cache.entries,))
@@ -210,4 +232,6 @@ def export_llama(
                 + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }
-    return aot.export(fxb), weights, specs
+    with _absent_dialect_modules("iree.compiler.dialects.torch", "iree.compiler.dialects.torch_c"):
+        exported = aot.export(fxb)
+    return exported, weights, specs

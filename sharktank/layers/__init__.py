@@ -1,7 +1,7 @@
 """Transformer layers written with sharktank.ops: one forward serves unsharded, TP and PP."""
 
-from .attention import attention
+from .attention import attention, causal_mask
 from .ffn import swiglu_ffn
 from .rotary import apply_rotary, rope_inv_freq, rotary_angles, rotary_cos_sin
 
-__all__ = ["attention", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_angles", "rotary_cos_sin"]
+__all__ = ["attention", "causal_mask", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_angles", "rotary_cos_sin"]

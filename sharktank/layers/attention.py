@@ -14,17 +14,26 @@ from .. import ops
 from ..types import UnreducedTensor
 from .rotary import apply_rotary
 
-__all__ = ["attention"]
+__all__ = ["attention", "causal_mask"]
 
 
 def _causal_mask(positions: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length)[None, None, None, :] <= positions[:, None, :, None]
 
 
-def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int):
+def causal_mask(positions, length: int):
+    """``[B, 1, S, length]`` booleans: True where a query at ``positions`` (``[B, S]``, plain
+    or sharded) may attend to a cache entry (entries at or before its own position)."""
+    return ops.elementwise(_causal_mask, positions, length=length)
+
+
+def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, mask=None):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
-    optional ``q_bias``...). Returns ``(output, (k_cache, v_cache))``."""
+    optional ``q_bias``...). ``mask``: :func:`causal_mask` of ``positions`` over the cache
+    length, when the caller already has it (blocks that share positions share it); computed
+    here otherwise. Returns ``(output, (k_cache, v_cache))``."""
     b, s = positions.shape
+    x = ops.reshape(x, [b * s, x.shape[-1]])  # one 2-D input for the three products
     q = ops.reshape(ops.linear(x, w["q"], w.get("q_bias")), [b, s, num_heads, head_dim])
     k = ops.reshape(ops.linear(x, w["k"], w.get("k_bias")), [b, s, num_kv_heads, head_dim])
     v = ops.reshape(ops.linear(x, w["v"], w.get("v_bias")), [b, s, num_kv_heads, head_dim])
@@ -34,8 +43,8 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
     k_cache = ops.index_put(cache[0], [rows, positions], k)
     v_cache = ops.index_put(cache[1], [rows, positions], v)
 
-    t = k_cache.shape[1]
-    mask = ops.elementwise(_causal_mask, positions, length=t)  # [B, 1, S, T]
+    if mask is None:
+        mask = causal_mask(positions, k_cache.shape[1])  # [B, 1, S, T]
     dtype = q.dtype
     # Scores and softmax in float32 for half-precision models, as the references accumulate
     # (the op computes k and v in q's dtype).
@@ -47,6 +56,7 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
         mask,
         enable_gqa=num_heads != num_kv_heads,
     )
-    out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b, s, num_heads * head_dim])
+    out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b * s, num_heads * head_dim])
     y = ops.linear(out, w["o"], w.get("o_bias"))
-    return (ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y), (k_cache, v_cache)
+    y = ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y
+    return ops.reshape(y, [b, s, y.shape[-1]]), (k_cache, v_cache)

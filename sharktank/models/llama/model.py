@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import ops
-from ...layers import attention, rope_inv_freq, rotary_angles, swiglu_ffn
+from ...layers import attention, causal_mask, rope_inv_freq, rotary_angles, swiglu_ffn
 from ...parallel import ParallelPlan
 from ...types import ReplicatedTensor, SplitPrimitiveTensor
 from ...weights import Theta
@@ -113,22 +113,23 @@ class LlamaModel:
         x = ops.embedding_lookup(ops.replicate(tokens, devices=first.devices), first.embed)
         new_entries = []
         block = 0
-        per_group: dict[tuple[int, ...], tuple] = {}  # device group -> positions, cos, sin there
+        # Device group -> positions, rotary cos and sin, causal mask there (once per group).
+        per_group: dict[tuple[int, ...], tuple] = {}
         for stage, r in enumerate(plan.paths[path]):
             weights = stages[stage][r]
             if weights.devices not in per_group:
                 pos = ops.replicate(positions, devices=weights.devices)
-                angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)  # once per group
-                cos = ops.elementwise(_cos, angles, dtype=self.dtype)
-                per_group[weights.devices] = (pos, cos, ops.elementwise(_sin, angles, dtype=self.dtype))
-            pos, cos, sin = per_group[weights.devices]
+                angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
+                cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (_cos, _sin))
+                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, entries[block][0].shape[1]))
+            pos, cos, sin, mask = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])
                 h = ops.rms_norm(x, w["attn_norm"], epsilon=c.rms_norm_eps)
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
-                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
