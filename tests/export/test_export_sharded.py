@@ -182,3 +182,19 @@ def test_gpu_targets_compile_a_whole_model(tmp_path, target):
     assert manifest["compile"]["driver"] == target and manifest["module"]["vmfb_size"] > 1000
     assert "scaled_dot_product_attention" not in (tmp_path / "art" / "model.mlir").read_text()
     assert json.loads((tmp_path / "art" / "manifest.json").read_text())["device_count"] == 2
+
+
+def test_absent_dialect_module_misses_are_immediate_and_undone():
+    import importlib
+    import sys
+
+    from sharktank.export.llama import _absent_dialect_modules
+
+    name = "iree.compiler.dialects.torch"
+    assert name not in sys.modules
+    with _absent_dialect_modules(name, "iree.compiler.dialects"):  # the second one exists: left alone
+        assert sys.modules[name] is None
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(name)
+        assert sys.modules["iree.compiler.dialects"] is not None
+    assert name not in sys.modules
