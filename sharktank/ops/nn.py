@@ -143,8 +143,9 @@ def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
     Export enables it for every target: IREE 3.10's fused attention kernel on CPU took ~80 %
     of toy-llama-3l's prefill (2.2 ms; 1.1 ms as products), and it does not compile for
     CUDA (sm_80) or HIP (gfx942) on the toy models. With a static query length (decode) a
-    grouped KV head is not repeated: the query heads it serves are stacked into one operand;
-    with a dynamic one (prefill) K and V are repeated per query head."""
+    grouped KV head is not repeated: the query heads it serves are stacked into one operand,
+    and the score product is a multiply-and-sum (one reduction kernel in IREE, reading the
+    cache as stored); with a dynamic one (prefill) K and V are repeated per query head."""
     token = _AS_MATMULS.set(enabled)
     try:
         yield
@@ -171,8 +172,12 @@ def _sdpa_matmuls(q, k, v, a, scale):
         p = torch.softmax(_masked(torch.matmul(q, k.transpose(-2, -1)) * scale, a), -1)
         return torch.matmul(p, v)
     # A static query length (decode): each KV head's g query heads are stacked into one
-    # [g*L, E] operand, so K and V are read once, not repeated.
-    s = torch.matmul(q.reshape(*lead, kvh, g * l, e), k.transpose(-2, -1)) * scale
+    # [g*L, E] operand, so K and V are read once, not repeated. The score product is written
+    # as multiply-and-sum, which IREE compiles to one reduction kernel reading the K cache in
+    # its own dtype (as a product, data tiling first writes a packed float32 copy of the
+    # cache). The value product stays a product: as a sum over T, IREE 3.10 does not fuse
+    # the multiply into the reduction and writes a [kvH, g*L, T, E] float32 tensor.
+    s = (q.reshape(*lead, kvh, g * l, 1, e) * k.unsqueeze(-3)).sum(-1) * scale
     s = s.reshape(*lead, kvh, g, l, -1)
     if a is not None and a.ndim >= 3:  # [..., 1 or H, L, T] -> [..., 1 or kvH, 1 or g, L, T]
         a = a.unflatten(-3, (kvh, g)) if a.shape[-3] != 1 else a.unsqueeze(-3)

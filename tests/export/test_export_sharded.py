@@ -139,6 +139,9 @@ def test_export_writes_attention_as_products_on_request():
     # is not repeated; only prefill (a dynamic length) repeats it.
     prefill, decode = unfused.split("func.func @decode_bs1")
     assert "torch.aten.repeat_interleave" in prefill and "torch.aten.repeat" not in decode
+    # Prefill: both attention products; decode: scores as multiply-and-sum, values a product.
+    assert prefill.count("torch.aten.matmul") == 2 and decode.count("torch.aten.matmul") == 1
+    assert "torch.aten.sum.dim_IntList" in decode
 
 
 @pytest.mark.parametrize("tp", [1, 2])
