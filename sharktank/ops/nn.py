@@ -51,9 +51,11 @@ def _softmax(t, dim, dtype=None):
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
-    # Normalize in float32 and scale in x's dtype, as the Hugging Face reference does.
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype)
+    # Normalize in float32 and scale in x's dtype, as the Hugging Face reference does. The
+    # mean square comes from a float32 norm of x itself (not of a float32 copy of x): the
+    # copy, read by both the reduction and the scaling, would be its own kernel in IREE.
+    norm = torch.linalg.vector_norm(x, 2, -1, keepdim=True, dtype=torch.float32)
+    y = (x.float() * torch.rsqrt(norm * norm / x.shape[-1] + epsilon)).to(x.dtype)
     return (weight if weight.dtype == x.dtype else weight.to(x.dtype)) * y
 
 
