@@ -115,7 +115,7 @@ def export_artifact(
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
-    with atomic_dir(output_dir, may_replace=_may_replace) as tmp:
+    with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
         (tmp / "model.mlir").write_text(mlir)
         files = {}
         for device, tensors in sorted(weights.archives.items()):

@@ -35,13 +35,18 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, *, may_replace: Callable[[Path], bool]) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, *, may_replace: Callable[[Path], bool], marker: str | None = None) -> Iterator[Path]:
     """Yield a temporary directory next to ``path``; on success it takes the place of ``path``.
 
     An existing ``path`` is replaced only once the new directory is complete, and only if
     ``may_replace(path)`` is true (otherwise FileExistsError, before anything is written).
     The swap is two renames; between them ``path`` is briefly absent (POSIX has no
     portable atomic directory exchange), never half-written.
+
+    ``marker``: the file that makes such a directory valid to its readers (its manifest,
+    written last). A directory being deleted (the replaced one, or the new one after an
+    error) loses it first, so a process killed while deleting leaves a hidden directory no
+    reader takes for complete.
     """
     target = Path(path)
     _check_replaceable(target, may_replace)
@@ -55,12 +60,18 @@ def atomic_dir(path: str | os.PathLike, *, may_replace: Callable[[Path], bool]) 
             old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex}")
             os.rename(target, old)
             os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old, marker)
         else:
             os.rename(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp, marker)
         raise
+
+
+def _discard(directory: Path, marker: str | None) -> None:
+    if marker is not None:
+        (directory / marker).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _check_replaceable(target: Path, may_replace: Callable[[Path], bool]) -> None:

@@ -64,7 +64,7 @@ def save_theta(directory: str | os.PathLike, config: LlamaConfig, theta: Theta) 
         entries[name] = _describe(name, t)
         for shard, loc in zip(t.shards if isinstance(t, ShardedTensor) else (t,), entries[name]["shards"]):
             archives.setdefault(loc["file"], {})[loc["key"]] = shard
-    with atomic_dir(directory, may_replace=_is_theta_dir) as tmp:
+    with atomic_dir(directory, may_replace=_is_theta_dir, marker=MANIFEST) as tmp:
         files = {}
         for file, tensors in sorted(archives.items()):
             save_irpa(tmp / file, tensors)

@@ -5,7 +5,8 @@ Documented leftovers: an export builds in ``.DIR.<hex>.tmp`` beside ``DIR`` and 
 ``DIR`` out through ``.DIR.old-<hex>``; a kill can leave either behind. They are hidden, never
 read by sharktank, and safe to delete; a ``.tmp`` one is refused by ``run`` (no manifest, or an
 incomplete manifest) unless it was already complete, and a killed swap leaves the old output
-intact in the ``.old-`` one. ``judge_after_kill`` checks all of this after every kill.
+intact in the ``.old-`` one (or, killed while that one is being deleted, without its manifest,
+which goes first). ``judge_after_kill`` checks all of this after every kill.
 
 CI kills four times (three ``--no-compile`` exports, one compiling); the soak sweeps many
 more points, kills ``sharktank compile`` too, and exports again over the debris.

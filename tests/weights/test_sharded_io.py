@@ -236,3 +236,30 @@ def test_damaged_manifest(saved, damage, fragments):
 
         _edit_manifest(saved, edit)
     _expect_error(saved, *fragments)
+
+
+def test_a_save_killed_while_deleting_the_old_directory_leaves_no_readable_half(tmp_path, monkeypatch):
+    """The replaced directory loses its manifest before anything else: a process that dies
+    while deleting it (here: deletion stops after one more file) leaves a hidden directory
+    that load_theta refuses, never one it would read with files missing."""
+    from sharktank.weights import _files
+
+    out = tmp_path / "theta"
+    save_theta(out, CONFIG, _theta())
+
+    def die_after_one_file(d, ignore_errors=False):
+        if not os.path.exists(d):  # the build directory, already renamed into place
+            return
+        victim = sorted(p for p in os.listdir(d) if p != sharded_io.MANIFEST)[0]
+        os.unlink(os.path.join(d, victim))
+        raise KeyboardInterrupt  # killed mid-deletion
+
+    monkeypatch.setattr(_files.shutil, "rmtree", die_after_one_file)
+    with pytest.raises(KeyboardInterrupt):
+        save_theta(out, CONFIG, _theta())
+    monkeypatch.undo()
+    load_theta(out)  # the new directory is in place and complete
+    (old,) = [p for p in tmp_path.iterdir() if ".old-" in p.name]
+    assert not (old / sharded_io.MANIFEST).exists()
+    with pytest.raises(WeightsError):
+        load_theta(old)
