@@ -2,6 +2,6 @@
 
 from .attention import attention, causal_mask
 from .ffn import swiglu_ffn
-from .rotary import apply_rotary, rope_inv_freq, rotary_angles, rotary_cos_sin
+from .rotary import apply_rotary, rope_inv_freq, rotary_angles, rotary_cos, rotary_cos_sin, rotary_sin
 
-__all__ = ["attention", "causal_mask", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_angles", "rotary_cos_sin"]
+__all__ = ["attention", "causal_mask", "swiglu_ffn", "apply_rotary", "rope_inv_freq", "rotary_angles", "rotary_cos", "rotary_sin", "rotary_cos_sin"]

@@ -10,7 +10,7 @@ import torch
 
 from .. import ops
 
-__all__ = ["rope_inv_freq", "rotary_angles", "rotary_cos_sin", "apply_rotary"]
+__all__ = ["rope_inv_freq", "rotary_angles", "rotary_cos", "rotary_sin", "rotary_cos_sin", "apply_rotary"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
@@ -38,10 +38,20 @@ def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tens
     return torch.cat([angles, angles], dim=-1)[..., None, :]
 
 
+def rotary_cos(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cos of :func:`rotary_angles`, in ``dtype``."""
+    return angles.cos().to(dtype)
+
+
+def rotary_sin(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """sin of :func:`rotary_angles`, in ``dtype``."""
+    return angles.sin().to(dtype)
+
+
 def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of :func:`rotary_angles`, in ``dtype``."""
+    """cos and sin of :func:`rotary_angles` of ``positions``, in ``dtype``."""
     angles = rotary_angles(positions, inv_freq)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return rotary_cos(angles, dtype), rotary_sin(angles, dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

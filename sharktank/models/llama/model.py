@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import ops
-from ...layers import attention, causal_mask, rope_inv_freq, rotary_angles, swiglu_ffn
+from ...layers import attention, causal_mask, rope_inv_freq, rotary_angles, rotary_cos, rotary_sin, swiglu_ffn
 from ...parallel import ParallelPlan
 from ...types import ReplicatedTensor, SplitPrimitiveTensor
 from ...weights import Theta
@@ -22,14 +22,6 @@ from .config import LlamaConfig
 from .sharding import shard_weights
 
 __all__ = ["LlamaModel", "KVCache"]
-
-
-def _cos(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return angles.cos().to(dtype)
-
-
-def _sin(angles: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return angles.sin().to(dtype)
 
 
 @dataclass
@@ -120,7 +112,7 @@ class LlamaModel:
             if weights.devices not in per_group:
                 pos = ops.replicate(positions, devices=weights.devices)
                 angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
-                cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (_cos, _sin))
+                cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (rotary_cos, rotary_sin))
                 per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, entries[block][0].shape[1]))
             pos, cos, sin, mask = per_group[weights.devices]
             for w in weights.blocks.values():
