@@ -139,8 +139,9 @@ _AS_MATMULS = contextvars.ContextVar("attention_as_matmuls", default=False)
 
 @contextlib.contextmanager
 def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
-    """While active, :func:`scaled_dot_product_attention` is computed as two products and a
-    softmax (eagerly and when traced) instead of one fused attention op.
+    """While active, :func:`scaled_dot_product_attention` is computed unfused, as scores, a
+    softmax and a product with the values (eagerly and when traced), instead of one fused
+    attention op.
 
     Export enables it for every target: IREE 3.10's fused attention kernel on CPU took ~80 %
     of toy-llama-3l's prefill (2.2 ms; 1.1 ms as products), and it does not compile for
