@@ -1,6 +1,6 @@
 """Which IREE data-tiling path compiles the CPU attention correctly, and how fast each is.
 
-CPU export traces attention as two products and a softmax (``ops.attention_as_matmuls``)
+CPU export traces attention unfused (``ops.attention_as_matmuls``)
 and compiles with ``--iree-global-opt-data-tiling``: with IREE 3.10 the newer
 dispatch-creation path (what ``--iree-opt-data-tiling`` picks) gives wrong logits for that
 attention. This script shows it, so the choice can be re-checked after an IREE upgrade:

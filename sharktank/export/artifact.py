@@ -109,7 +109,7 @@ def export_artifact(
     plan = model.plan
     t0 = time.perf_counter()
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
-    # Attention as products for every target: IREE 3.10's fused attention op is slow on CPU
+    # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
     output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True)
     mlir = str(output.mlir_module)
