@@ -80,7 +80,7 @@ def cmd_export(args) -> int:
     _say(args, f"loading {s['model']} (tp={s['tp']}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
     model = load_model(
         s["model"], tp=int(s["tp"]), pp=s["pp"] and int(s["pp"]), placement=s["placement"],
-        dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]),
+        dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]), deferred=True,
     )
     _say(args, model.plan.describe())
     manifest = export_artifact(

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..models.llama.model import LlamaModel
-from ..weights import save_irpa
 from ..weights._files import atomic_dir, atomic_file, sha256_file
+from .archives import write_archives
 from .compile import TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, export_llama
 from .program import count_transfers
@@ -117,11 +117,7 @@ def export_artifact(
     progress(f"exported in {export_seconds:.1f} s")
     with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
         (tmp / "model.mlir").write_text(mlir)
-        files = {}
-        for device, tensors in sorted(weights.archives.items()):
-            name = f"device_{device}.irpa"
-            save_irpa(tmp / name, tensors)
-            files[name] = {"device": device, "size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        files = write_archives(tmp, weights, progress)
         progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
         compile_info = None
         if compile:

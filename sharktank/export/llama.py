@@ -30,6 +30,7 @@ from .. import ops
 from ..models.llama.model import KVCache, LlamaModel
 from ..models.llama.sharding import StageWeights
 from ..types import ShardedTensor
+from ..weights import WeightSource
 from .program import arg_devices
 
 __all__ = ["ExportedWeights", "lift_weights", "export_llama", "SCOPE"]
@@ -40,45 +41,96 @@ SCOPE = "model"
 @dataclass
 class ExportedWeights:
     module: torch.nn.Module
-    archives: dict[int, dict[str, torch.Tensor]]  # device -> {external name: tensor}
+    # device -> {external name: the shard it holds}: a view of one of ``source``'s tensors
+    # (its bytes are read when the archive is written) or, for shards built by hand, the data.
+    archives: dict[int, dict[str, torch.Tensor]]
+    source: WeightSource
 
 
 class _Weights(torch.nn.Module):
     """Every weight shard as a parameter tagged with its device and external name; rebuilds
-    the model's stage weights from them inside a traced function."""
+    the model's stage weights from them inside a traced function.
+
+    Parameters hold no data (uninitialised memory: tracing reads only shapes); the archive
+    writer reads each shard's bytes from the model's weight source. A device holds each
+    source tensor once: a shard that is a slice of a tensor the device holds whole (the LM
+    head tied to the replicated embedding) is that slice of the one parameter, and equal
+    views are one parameter."""
 
     def __init__(self, model: LlamaModel):
         super().__init__()
-        from iree.turbine.aot import DeviceTensorTrait, ExternalTensorTrait
-
+        self.source = model.source
         self.archives: dict[int, dict[str, torch.Tensor]] = {}
-        count = 0
+        self._attrs: dict[tuple, str] = {}  # (device, view key) -> parameter attribute
+        whole: dict[tuple[int, str], str] = {}  # (device, source name) -> attribute of the whole tensor
+
+        def lift_whole(t):
+            for shard, device in zip(t.shards, t.devices):
+                name = self.source.locate(shard)
+                if name is not None and _narrowing(shard, self.source.theta[name]) == (None, 0):
+                    whole.setdefault((device, name), self._parameter(t.name, shard, device))
 
         def lift(t):
-            nonlocal count
-            names = []
+            refs = []
             for shard, device in zip(t.shards, t.devices):
-                # A copy: traits stick to the tensor object, and shards may be views.
-                p = torch.nn.Parameter(shard.detach().clone().contiguous(), requires_grad=False)
-                external = f"{t.name}@d{device}"
-                DeviceTensorTrait(device).set(p)
-                ExternalTensorTrait(external_scope=SCOPE, external_name=external).set(p)
-                attr = f"w{count}"
-                count += 1
-                self.register_parameter(attr, p)
-                self.archives.setdefault(device, {})[external] = p.data
-                names.append(attr)
-            return (type(t), getattr(t, "shard_dim", None), t.devices, tuple(names))
+                name = self.source.locate(shard)
+                cut = _narrowing(shard, self.source.theta[name]) if name is not None else None
+                if cut is not None and (device, name) in whole:
+                    dim, start = cut
+                    refs.append(whole[(device, name)] if dim is None else (whole[(device, name)], dim, start, shard.shape[dim]))
+                else:
+                    refs.append(self._parameter(t.name, shard, device))
+            return (type(t), getattr(t, "shard_dim", None), t.devices, tuple(refs))
 
+        _map_weights(model.stages, lift_whole)
         self.recipe = _map_weights(model.stages, lift)
 
+    def _parameter(self, name: str, shard: torch.Tensor, device: int) -> str:
+        from iree.turbine.aot import DeviceTensorTrait, ExternalTensorTrait
+
+        key = (device, shard.untyped_storage().data_ptr() if shard.numel() else id(shard), shard.storage_offset(), tuple(shard.shape), shard.stride())
+        if key in self._attrs:
+            return self._attrs[key]
+        # A fresh tensor object (traits stick to it); uninitialised: no page of it is touched.
+        p = torch.nn.Parameter(torch.empty(shard.shape, dtype=shard.dtype), requires_grad=False)
+        external = f"{name}@d{device}"
+        DeviceTensorTrait(device).set(p)
+        ExternalTensorTrait(external_scope=SCOPE, external_name=external).set(p)
+        attr = f"w{len(self._attrs)}"
+        self.register_parameter(attr, p)
+        self.archives.setdefault(device, {})[external] = shard
+        self._attrs[key] = attr
+        return attr
+
     def stages(self) -> list[list[StageWeights]]:
+        def shard(ref):
+            if isinstance(ref, str):
+                return getattr(self, ref)
+            attr, dim, start, length = ref
+            return getattr(self, attr).narrow(dim, start, length)
+
         def build(r):
-            cls, dim, devices, names = r
+            cls, dim, devices, refs = r
             kwargs = {"shard_dim": dim} if dim is not None else {}
-            return cls(ts=[getattr(self, n) for n in names], devices=devices, pinned=True, **kwargs)
+            return cls(ts=[shard(x) for x in refs], devices=devices, pinned=True, **kwargs)
 
         return _map_weights(self.recipe, build)
+
+
+def _narrowing(t: torch.Tensor, base: torch.Tensor) -> tuple[int | None, int] | None:
+    """How ``t`` (a view of ``base``'s storage) cuts ``base``: ``(None, 0)`` for all of it,
+    ``(dim, start)`` for ``base.narrow(dim, start, t.shape[dim])``, None for anything else."""
+    if t.dtype != base.dtype or t.ndim != base.ndim or t.stride() != base.stride():
+        return None
+    offset = t.storage_offset() - base.storage_offset()
+    dims = [d for d in range(t.ndim) if t.shape[d] != base.shape[d]]
+    if not dims:
+        return (None, 0) if offset == 0 else None
+    if len(dims) > 1 or offset % base.stride()[dims[0]]:
+        return None
+    d = dims[0]
+    start = offset // base.stride()[d]
+    return (d, start) if 0 <= start and start + t.shape[d] <= base.shape[d] else None
 
 
 def _map_weights(stages: list[list[StageWeights]], fn) -> list[list[StageWeights]]:
@@ -104,7 +156,7 @@ def _map_weights(stages: list[list[StageWeights]], fn) -> list[list[StageWeights
 
 def lift_weights(model: LlamaModel) -> ExportedWeights:
     w = _Weights(model)
-    return ExportedWeights(w, w.archives)
+    return ExportedWeights(w, w.archives, w.source)
 
 
 @contextlib.contextmanager

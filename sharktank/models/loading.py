@@ -11,12 +11,12 @@ import torch
 from .. import ops
 from ..parallel import ParallelPlan, plan_from_directives
 from ..types import ShardedTensor
-from ..weights import Theta, WeightsError
+from ..weights import Theta, WeightSource, WeightsError
 from .llama.config import LlamaConfig
 from .llama.model import LlamaModel
 from .llama.presets import PRESET_DTYPES, PRESETS, random_theta
 
-__all__ = ["load_weights", "load_model", "save_model_irpa", "SOURCES_HELP"]
+__all__ = ["load_weights", "weight_source", "load_model", "save_model_irpa", "SOURCES_HELP"]
 
 SOURCES_HELP = (
     f"a preset ({', '.join(sorted(PRESETS))}), a Hugging Face checkpoint directory (config.json + "
@@ -26,22 +26,30 @@ SOURCES_HELP = (
 
 def load_weights(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConfig, Theta]:
     """Config and unsharded weights (Hugging Face names) from any supported source."""
-    from ..weights import load_gguf, load_hf_checkpoint, load_irpa, load_irpa_metadata, load_theta
+    config, weights = weight_source(source, seed=seed)
+    return config, Theta({name: weights.read(name) for name in weights.names()})
+
+
+def weight_source(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConfig, WeightSource]:
+    """Config and weights of any supported source, as a :class:`WeightSource`: deferred
+    (shapes now, bytes when read) for Hugging Face checkpoints, ``.gguf`` and ``.irpa``
+    files; in memory for presets and saved sharded thetas."""
+    from ..weights import gguf_source, hf_checkpoint_source, irpa_source, load_irpa_metadata, load_theta
 
     if isinstance(source, str) and source in PRESETS:
         config = PRESETS[source]
-        return config, random_theta(config, seed, PRESET_DTYPES.get(source, torch.float32))
+        return config, WeightSource.of(random_theta(config, seed, PRESET_DTYPES.get(source, torch.float32)), source)
     path = Path(source)
     if path.is_dir():
         if (path / "theta.json").exists():
             config, theta = load_theta(path)
             theta = theta.map(lambda _, t: ops.unshard(t) if isinstance(t, ShardedTensor) else t)
-            return config, _checked(config, theta, path / "theta.json")
+            return config, WeightSource.of(_checked(config, theta, path / "theta.json"), str(path))
         if (path / "config.json").exists():
-            return load_hf_checkpoint(path)
+            return hf_checkpoint_source(path)
         raise WeightsError(f"directory has neither config.json nor theta.json; expected {SOURCES_HELP}", path=path)
     if path.suffix == ".gguf":
-        return load_gguf(path)
+        return gguf_source(path)
     if path.suffix == ".irpa":
         meta = load_irpa_metadata(path) or {}
         if "config" not in meta:
@@ -50,7 +58,9 @@ def load_weights(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaConf
             config = LlamaConfig.from_dict(meta["config"])
         except (TypeError, ValueError) as e:
             raise WeightsError(f"bad model config in metadata: {e}", path=path) from None
-        return config, _checked(config, Theta(load_irpa(path)), path)
+        weights = irpa_source(path)
+        _checked(config, weights.theta, path)
+        return config, weights
     if not path.exists():
         raise WeightsError(f"no such model source; expected {SOURCES_HELP}", path=path)
     raise WeightsError(f"unrecognized model file; expected {SOURCES_HELP}", path=path)
@@ -82,6 +92,7 @@ def load_model(
     placement: str | os.PathLike | Sequence[Any] | None = None,
     dtype: torch.dtype | None = None,
     seed: int = 0,
+    deferred: bool = False,
 ) -> LlamaModel:
     """A model from ``source`` sharded ``tp``-way, in ``pp`` pipeline stages or as the
     ``placement`` directives say (a JSON file path or a list of directives).
@@ -91,14 +102,21 @@ def load_model(
     ``dtype`` (float32, float16 or bfloat16) converts the weights; activations follow them, with
     norms, rotary angles and attention computed in float32 as the reference does. The model's ``prefill(tokens) -> logits`` and
     ``generate(tokens, max_new_tokens) -> ids`` take and return plain torch tensors.
+
+    ``deferred=True``: the model holds placeholder weights (shapes and dtypes, no memory) and
+    its ``source`` reads the bytes when an export writes the parameter archives, one tensor
+    at a time; such a model can be exported but not run eagerly. Presets and sharded thetas
+    are read into memory either way.
     """
-    config, theta = load_weights(source, seed=seed)
+    config, weights = weight_source(source, seed=seed)
     if dtype is not None:
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, found {dtype}")
-        theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
+        weights = weights.to(dtype)
+    if not deferred and weights.deferred:
+        weights = WeightSource.of(Theta({name: weights.read(name) for name in weights.names()}), weights.label)
     if placement is not None:
         plan = plan_from_directives(placement, config.num_layers, tp=tp, pp=pp)
     else:
         plan = ParallelPlan.from_tp_pp(config.num_layers, tp, pp or 1)
-    return LlamaModel(config, theta, plan)
+    return LlamaModel(config, weights.theta, plan, source=weights)

@@ -11,20 +11,26 @@ Importing this package imports no IREE module; the irpa functions load
 # LlamaConfig), whose package init imports these two names back from here.
 from .errors import WeightsError
 from .theta import Theta
+from .source import WeightSource
 
-from .gguf_io import load_gguf, save_gguf  # noqa: E402
-from .hf import load_hf_checkpoint  # noqa: E402
-from .irpa import irpa_keys, load_irpa, load_irpa_metadata, save_irpa  # noqa: E402
+from .gguf_io import gguf_source, load_gguf, save_gguf  # noqa: E402
+from .hf import hf_checkpoint_source, load_hf_checkpoint  # noqa: E402
+from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa  # noqa: E402
 from .sharded_io import load_theta, save_theta  # noqa: E402
 
 __all__ = [
     "Theta",
+    "WeightSource",
+    "hf_checkpoint_source",
+    "gguf_source",
+    "irpa_source",
     "WeightsError",
     "load_hf_checkpoint",
     "load_gguf",
     "save_gguf",
     "load_irpa",
     "save_irpa",
+    "IrpaWriter",
     "load_irpa_metadata",
     "irpa_keys",
     "load_theta",

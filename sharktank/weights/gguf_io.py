@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from ..types import ShardedTensor
 from ._files import atomic_file
 from .errors import WeightsError
 from .llama_layout import layout_problem, llama_shapes
+from .source import WeightSource
 from .theta import Theta
 
-__all__ = ["load_gguf", "save_gguf"]
+__all__ = ["load_gguf", "gguf_source", "save_gguf"]
 
 ARCH = "llama"
 _GLOBAL_NAMES = {
@@ -94,6 +96,14 @@ def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
     a missing key or tensor, or a wrong shape raises :class:`WeightsError` naming the
     file (and the tensor or key).
     """
+    config, source = gguf_source(path)
+    return config, Theta({name: source.read(name) for name in source.names()})
+
+
+def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
+    """A GGUF file's config and weights as a :class:`WeightSource`: shapes come from the
+    tensor infos (checked as :func:`load_gguf` does); each tensor is read from the file
+    (positioned reads, nothing left mapped) only when asked for."""
     from gguf import GGUFReader
 
     if not Path(path).is_file():
@@ -106,7 +116,7 @@ def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
         raise WeightsError(f"not a readable GGUF file: {type(e).__name__}: {e}", path=path) from None
     if fields.get("general.architecture") != ARCH:
         raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected {ARCH!r}", path=path)
-    tensors: dict[str, torch.Tensor] = {}
+    infos: dict[str, _TensorInfo] = {}
     rope_freqs = False
     for rt in reader.tensors:
         if rt.name == "rope_freqs.weight":  # llama.cpp's baked llama3 scaling; see _config
@@ -115,13 +125,19 @@ def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
         hf_name = _to_hf_name(rt.name)
         if hf_name is None:
             raise WeightsError("not a tensor of the llama architecture this loader knows", path=path, tensor=rt.name)
-        tensors[hf_name] = _tensor_from_reader(path, rt)
-    config = _config(path, fields, tensors, rope_freqs)
-    problem = layout_problem({n: t.shape for n, t in tensors.items()}, config)
+        infos[hf_name] = _tensor_info(path, rt)
+    del reader  # its memory map: reads below are positioned reads of the file
+    config = _config(path, fields, infos, rope_freqs)
+    problem = layout_problem({n: i.shape for n, i in infos.items()}, config)
     if problem is not None:
         name, reason = problem
         raise WeightsError(f"{reason} (Hugging Face name {name})", path=path, tensor=_to_gguf_name(name))
-    return config, Theta({n: _interleave_rotary(n, tensors[n], config, to_gguf=False) for n in llama_shapes(config)})
+
+    def read(name: str) -> torch.Tensor:
+        return _interleave_rotary(name, infos[name].read(path), config, to_gguf=False).contiguous()
+
+    specs = {n: (infos[n].shape, infos[n].dtype) for n in llama_shapes(config)}
+    return config, WeightSource(specs, read, label=str(path))
 
 
 def _metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:
@@ -147,7 +163,7 @@ def _metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:
     return m
 
 
-def _config(path, fields: dict[str, Any], tensors: dict[str, torch.Tensor], rope_freqs: bool) -> LlamaConfig:
+def _config(path, fields: dict[str, Any], tensors: dict[str, "_TensorInfo"], rope_freqs: bool) -> LlamaConfig:
     def need(key: str) -> Any:
         if key not in fields:
             raise WeightsError(f"metadata key {key!r} is missing", path=path)
@@ -192,18 +208,32 @@ def _f32_decimal(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _tensor_from_reader(path, rt) -> torch.Tensor:
+@dataclass(frozen=True)
+class _TensorInfo:
+    gguf_name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int  # of the data in the file
+    nbytes: int
+
+    def read(self, path) -> torch.Tensor:
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), self.nbytes, self.offset)
+        if len(data) != self.nbytes:
+            raise WeightsError(f"file ends {self.nbytes - len(data)} bytes into this tensor", path=path, tensor=self.gguf_name)
+        return torch.frombuffer(bytearray(data), dtype=self.dtype).reshape(self.shape)
+
+
+def _tensor_info(path, rt) -> _TensorInfo:
     kind = rt.tensor_type.name
     dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
     if dtype is None:
         raise WeightsError(f"ggml type {kind} is not supported (only F32, F16, BF16)", path=path, tensor=rt.name)
-    shape = [int(d) for d in reversed(rt.shape.tolist())]
-    data = torch.from_numpy(np.array(rt.data, copy=True))
-    if dtype == torch.bfloat16:
-        data = data.view(torch.uint8).reshape(-1).view(torch.bfloat16)
-    if data.numel() != int(np.prod(shape, dtype=np.int64)):
-        raise WeightsError(f"holds {data.numel()} values for shape {shape}", path=path, tensor=rt.name)
-    return data.reshape(shape)
+    shape = tuple(int(d) for d in reversed(rt.shape.tolist()))
+    count = int(np.prod(shape, dtype=np.int64))
+    if int(rt.n_bytes) != count * dtype.itemsize:
+        raise WeightsError(f"holds {int(rt.n_bytes) // dtype.itemsize} values for shape {list(shape)}", path=path, tensor=rt.name)
+    return _TensorInfo(rt.name, shape, dtype, int(rt.data_offset), int(rt.n_bytes))
 
 
 def _interleave_rotary(name: str, t: torch.Tensor, config: LlamaConfig, *, to_gguf: bool) -> torch.Tensor:

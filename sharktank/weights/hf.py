@@ -12,9 +12,10 @@ from ..models.llama.config import LlamaConfig
 from ._files import resolve_inside
 from .errors import WeightsError
 from .llama_layout import layout_problem, llama_shapes
+from .source import WeightSource
 from .theta import Theta
 
-__all__ = ["load_hf_checkpoint"]
+__all__ = ["load_hf_checkpoint", "hf_checkpoint_source"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -27,23 +28,32 @@ def load_hf_checkpoint(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
     the config ties it to the embedding. Anything missing, misshapen, unexpected or
     unreadable raises :class:`WeightsError` naming the file and the tensor.
     """
+    config, source = hf_checkpoint_source(path)
+    return config, Theta({name: source.read(name) for name in source.names()})
+
+
+def hf_checkpoint_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
+    """A checkpoint's config and its weights as a :class:`WeightSource`: names, shapes and
+    dtypes come from the safetensors headers (checked as :func:`load_hf_checkpoint` does);
+    each tensor's bytes are read from its file only when asked for, one at a time."""
     directory = Path(path)
     config = _read_config(directory / "config.json")
     files, listed = _plan(directory)
-    tensors: dict[str, torch.Tensor] = {}
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     where: dict[str, Path] = {}
     for file, names in files.items():
-        for name, t in _read_safetensors(file, names).items():
-            tensors[name] = t
+        for name, spec in _read_headers(file, names).items():
+            specs[name] = spec
             where[name] = file
-    for name in list(tensors):
+    for name in list(specs):
         if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_word_embeddings):
-            del tensors[name]
-    problem = layout_problem({n: t.shape for n, t in tensors.items()}, config)
+            del specs[name]
+    problem = layout_problem({n: shape for n, (shape, _) in specs.items()}, config)
     if problem is not None:
         name, reason = problem
         raise WeightsError(reason, path=where.get(name) or listed.get(name) or _source(directory), tensor=name)
-    return config, Theta({name: tensors[name] for name in llama_shapes(config)})
+    ordered = {name: specs[name] for name in llama_shapes(config)}
+    return config, WeightSource(ordered, lambda name: _read_tensor(where[name], name), label=str(directory))
 
 
 def _read_config(file: Path) -> LlamaConfig:
@@ -81,8 +91,15 @@ def _plan(directory: Path) -> tuple[dict[Path, list[str] | None], dict[str, Path
     return files, listed
 
 
-def _read_safetensors(file: Path, names: list[str] | None) -> dict[str, torch.Tensor]:
-    """The named tensors of one file (all of them for ``names=None``)."""
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def _read_headers(file: Path, names: list[str] | None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of the named tensors of one file (all of them for ``names=None``),
+    from its header alone."""
     from safetensors import safe_open
 
     if not file.is_file():
@@ -96,9 +113,25 @@ def _read_safetensors(file: Path, names: list[str] | None) -> dict[str, torch.Te
                 current = name
                 if name not in keys:
                     raise WeightsError("listed in the index but not in this file", path=file, tensor=name)
-                out[name] = f.get_tensor(name)
+                info = f.get_slice(name)
+                kind = info.get_dtype()
+                if kind not in _DTYPES:
+                    raise WeightsError(f"dtype {kind} is not supported (supported: {', '.join(_DTYPES)})", path=file, tensor=name)
+                out[name] = (tuple(int(d) for d in info.get_shape()), _DTYPES[kind])
     except WeightsError:
         raise
     except Exception as e:  # safetensors raises SafetensorError, OSError or ValueError by case
         raise WeightsError(f"not a readable safetensors file: {e}", path=file, tensor=current) from None
     return out
+
+
+def _read_tensor(file: Path, name: str) -> torch.Tensor:
+    """One tensor's bytes. The file is opened (mapped) for this read only, so pages read for
+    one tensor do not stay mapped while the next ones are read."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return f.get_tensor(name)
+    except Exception as e:  # the file changed or broke since its header was read
+        raise WeightsError(f"not a readable safetensors file: {e}", path=file, tensor=name) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,8 +20,9 @@ import torch
 
 from ._files import atomic_file
 from .errors import WeightsError
+from .source import WeightSource
 
-__all__ = ["save_irpa", "load_irpa", "load_irpa_metadata", "irpa_keys"]
+__all__ = ["IrpaWriter", "irpa_source", "save_irpa", "load_irpa", "load_irpa_metadata", "irpa_keys"]
 
 METADATA_KEY = "__metadata__"
 _PREFIX = "TENSORv0:"
@@ -32,32 +34,103 @@ def save_irpa(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], meta
     The file is written next to ``path`` and renamed into place, so ``path`` never holds
     a half-written archive.
     """
-    from iree.runtime import ParameterIndex
+    with IrpaWriter(path, metadata) as writer:
+        for name, t in tensors.items():
+            writer.add(name, t)
 
-    index = ParameterIndex()
-    keep_alive = []  # the index refers to the buffers until the archive is written
-    for name, t in tensors.items():
+
+class IrpaWriter:
+    """Writes an irpa archive one tensor at a time, holding none of them in memory.
+
+    Each :meth:`add` appends the tensor's bytes to a scratch file beside ``path``; on a clean
+    exit from the ``with`` block the archive is built from that file (IREE copies the ranges)
+    and renamed into place, and the scratch file is removed. On an error neither is left.
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self.metadata = metadata
+        self._entries: list[tuple[str, int, int, str]] = []  # name, offset, length, metadata
+        self._names: set[str] = set()
+        self._scratch = None
+        self._file = None
+        self._offset = 0
+
+    def __enter__(self) -> "IrpaWriter":
+        self._scratch = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.data")
+        self._file = open(self._scratch, "wb")
+        return self
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        """Append one tensor (its bytes are written now; the tensor may be freed after)."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"irpa entry {name!r} must be a torch.Tensor, found {type(t).__name__}")
         if name == METADATA_KEY:
             raise ValueError(f"{METADATA_KEY!r} is reserved for the archive metadata")
+        if name in self._names:
+            raise ValueError(f"irpa entry {name!r} added twice")
         data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        keep_alive.append(data)
+        self._file.write(data)
         info = {"type": "Tensor", "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
-        index.add_buffer(name, data, metadata=_PREFIX + json.dumps(info))
-    if metadata is not None:
-        index.add_buffer(METADATA_KEY, json.dumps(metadata).encode(), metadata="JSON")
-    with atomic_file(path) as tmp:
-        index.create_archive_file(str(tmp))
+        self._entries.append((name, self._offset, data.nbytes, _PREFIX + json.dumps(info)))
+        self._names.add(name)
+        self._offset += data.nbytes
+
+    def __exit__(self, kind, value, tb) -> None:
+        from iree.runtime import FileHandle, ParameterIndex
+
+        try:
+            self._file.close()
+            if kind is not None:
+                return
+            index = ParameterIndex()
+            fd = os.open(self._scratch, os.O_RDONLY)
+            try:
+                handle = FileHandle.wrap_fd(fd)
+                for name, offset, length, meta in self._entries:
+                    if length:
+                        index.add_from_file_handle(name, handle, length, offset, meta)
+                    else:  # a zero-length range is not a valid file span
+                        index.add_buffer(name, b"", metadata=meta)
+                if self.metadata is not None:
+                    index.add_buffer(METADATA_KEY, json.dumps(self.metadata).encode(), metadata="JSON")
+                with atomic_file(self.path) as tmp:
+                    index.create_archive_file(str(tmp))
+                del index, handle
+            finally:
+                os.close(fd)
+        finally:
+            self._scratch.unlink(missing_ok=True)
 
 
 def load_irpa(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read every tensor of an irpa file written by :func:`save_irpa` (copied into memory)."""
-    out = {}
+    source = irpa_source(path)
+    return {name: source.read(name) for name in source.names()}
+
+
+def irpa_source(path: str | os.PathLike) -> WeightSource:
+    """An irpa file's tensors as a :class:`WeightSource`: shapes and dtypes from the entry
+    metadata (checked against the stored lengths); each tensor's bytes are read from the file
+    (a positioned read, nothing left mapped) only when asked for."""
+    spans: dict[str, tuple[int, int]] = {}
+    specs = {}
     for name, entry in _entries(path):
         if name != METADATA_KEY:
-            out[name] = _tensor(path, name, entry)
-    return out
+            shape, dtype = _spec(path, name, entry)
+            specs[name] = (shape, dtype)
+            spans[name] = (entry.file_storage[1], entry.length)
+
+    def read(name: str) -> torch.Tensor:
+        offset, length = spans[name]
+        shape, dtype = specs[name]
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), length, offset) if length else b""
+        if len(data) != length:
+            raise WeightsError(f"file ends {length - len(data)} bytes into this tensor", path=path, tensor=name)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape) if length else torch.empty(shape, dtype=dtype)
+
+    return WeightSource(specs, read, label=str(path))
 
 
 def load_irpa_metadata(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -97,23 +170,20 @@ def _entries(path: str | os.PathLike) -> list[tuple[str, Any]]:
     return items
 
 
-def _tensor(path, name: str, entry) -> torch.Tensor:
+def _spec(path, name: str, entry) -> tuple[tuple[int, ...], torch.dtype]:
     meta = entry.metadata.decode(errors="replace")
     if not meta.startswith(_PREFIX):
         raise WeightsError(f"entry metadata {meta[:60]!r} does not describe a tensor", path=path, tensor=name)
     try:
         info = json.loads(meta[len(_PREFIX) :])
         dtype = _dtype(info["dtype"])
-        shape = [int(d) for d in info["shape"]]
+        shape = tuple(int(d) for d in info["shape"])
     except (ValueError, KeyError, TypeError) as e:
         raise WeightsError(f"bad tensor metadata {meta[:100]!r}: {e}", path=path, tensor=name) from None
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if entry.length != nbytes:
-        raise WeightsError(f"{entry.length} bytes stored, {nbytes} expected for {info['dtype']} {shape}", path=path, tensor=name)
-    out = torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes:
-        out.numpy()[:] = np.frombuffer(entry.file_view, dtype=np.uint8)
-    return out.view(dtype).reshape(shape)
+        raise WeightsError(f"{entry.length} bytes stored, {nbytes} expected for {info['dtype']} {list(shape)}", path=path, tensor=name)
+    return shape, dtype
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -17,7 +17,7 @@ from ... import ops
 from ...layers import attention, causal_mask, rope_inv_freq, rotary_angles, rotary_cos, rotary_sin, swiglu_ffn
 from ...parallel import ParallelPlan
 from ...types import ReplicatedTensor, SplitPrimitiveTensor
-from ...weights import Theta
+from ...weights import Theta, WeightSource
 from .config import LlamaConfig
 from .sharding import shard_weights
 
@@ -43,8 +43,11 @@ class LlamaModel:
     greedy ``generate``; plain torch tensors in and out (tokens int64 ``[B, S]``, logits
     ``[B, S, vocab]``)."""
 
-    def __init__(self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None):
+    def __init__(self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None, *, source: WeightSource | None = None):
+        """``source``: where ``theta``'s bytes come from (``load_model`` passes it); a deferred
+        source's placeholders hold no data, so such a model can be exported, not run."""
         self.config = config
+        self.source = source if source is not None else WeightSource.of(theta)
         self.plan = plan or ParallelPlan.from_tp_pp(config.num_layers)
         if len(self.plan.stage_of_block) != config.num_layers:
             raise ValueError(f"plan has {len(self.plan.stage_of_block)} blocks, the model {config.num_layers}")
@@ -74,6 +77,11 @@ class LlamaModel:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
         new keys and values into ``cache`` (its entries are replaced, not mutated)."""
+        if self.source.deferred:
+            raise RuntimeError(
+                f"this model's weights are placeholders (deferred from {self.source.label}): it can be exported, "
+                "not run; load it with load_model(..., deferred=False) to run it eagerly"
+            )
         if tokens.shape != positions.shape or tokens.ndim != 2:
             raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, S]")
         if int(positions.max()) >= cache.max_seq_len:

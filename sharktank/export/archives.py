@@ -1,0 +1,58 @@
+"""Writing an export's parameter archives, one ``device_{d}.irpa`` per logical device.
+
+Each source tensor is read once (from memory or, for a deferred source, from its file),
+cut into the shards every device holds, appended to those devices' archives and dropped
+before the next is read: the memory this takes is about one source tensor, whatever the
+model's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..weights import IrpaWriter
+from ..weights._files import sha256_file
+from .llama import ExportedWeights
+
+__all__ = ["archive_name", "write_archives"]
+
+
+def archive_name(device: int) -> str:
+    return f"device_{device}.irpa"
+
+
+def write_archives(directory: Path, weights: ExportedWeights, progress: Callable[[str], None] = lambda msg: None) -> dict[str, dict]:
+    """Write every device's archive into ``directory``; returns the manifest's file entries
+    (``{name: {"device", "size", "sha256"}}``)."""
+    source = weights.source
+    located: dict[str, list[tuple[int, str, object]]] = {}
+    by_hand: list[tuple[int, str, object]] = []  # shards that view no source tensor
+    for device, entries in weights.archives.items():
+        for external, shard in entries.items():
+            name = source.locate(shard)
+            (located.setdefault(name, []) if name is not None else by_hand).append((device, external, shard))
+    total = sum(s.numel() * s.element_size() for e in weights.archives.values() for s in e.values())
+    done, last = 0, time.monotonic()
+    with contextlib.ExitStack() as stack:
+        writers = {d: stack.enter_context(IrpaWriter(directory / archive_name(d))) for d in sorted(weights.archives)}
+        for name in source.names():
+            if name not in located:
+                continue
+            data = source.read(name)
+            for device, external, shard in located[name]:
+                writers[device].add(external, source.view_of(shard, name, data))
+                done += shard.numel() * shard.element_size()
+            del data
+            if time.monotonic() - last > 5:
+                progress(f"parameters: {done / 1e9:.2f} of {total / 1e9:.2f} GB written")
+                last = time.monotonic()
+        for device, external, shard in by_hand:
+            writers[device].add(external, shard)
+    files = {}
+    for d in sorted(weights.archives):
+        path = directory / archive_name(d)
+        files[path.name] = {"device": d, "size": path.stat().st_size, "sha256": sha256_file(path)}
+    return files

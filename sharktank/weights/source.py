@@ -1,0 +1,100 @@
+"""Weights known by name, shape and dtype before their bytes are read.
+
+A :class:`WeightSource` holds a :class:`Theta` of *placeholders*: tensors of the right shape
+and dtype whose memory is allocated but never touched (the OS gives them no pages), so a
+model built on them and traced for export costs no weight memory. The bytes are read one
+source tensor at a time, when an exporter writes them out: ``read(name)``. A shard of a
+placeholder (a split piece, a replica) is recognised by the storage it views
+(:meth:`WeightSource.locate`) and cut from the read tensor the same way (:meth:`view_of`).
+
+``WeightSource.of(theta)`` wraps weights already in memory: there the placeholders are
+the tensors themselves and reading returns them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+import torch
+
+from .theta import Theta
+
+__all__ = ["WeightSource"]
+
+Spec = tuple[tuple[int, ...], torch.dtype]
+
+
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # torch.empty maps memory without writing it: no page is resident until touched.
+    return torch.empty(shape, dtype=dtype)
+
+
+class WeightSource:
+    """Placeholder weights (``.theta``) and the function that reads each one's bytes."""
+
+    def __init__(self, specs: Mapping[str, Spec], read: Callable[[str], torch.Tensor], *, deferred: bool = True, label: str = ""):
+        """``specs``: name -> (shape, dtype) in model order; ``read(name)``: the tensor, a fresh
+        in-memory copy of that shape and dtype."""
+        self.deferred = deferred
+        self.label = label
+        self._read = read
+        self.theta = Theta({n: _placeholder(tuple(s), d) for n, (s, d) in specs.items()})
+        self._index()
+
+    @classmethod
+    def of(cls, theta: Theta, label: str = "") -> "WeightSource":
+        """Weights already in memory (plain tensors): the placeholders are the tensors."""
+        src = cls.__new__(cls)
+        src.deferred, src.label = False, label
+        src.theta = theta
+        src._read = lambda name: theta[name]
+        src._index()
+        return src
+
+    def _index(self) -> None:
+        self._by_storage: dict[int, str] = {}
+        for name, t in self.theta.items():
+            if isinstance(t, torch.Tensor) and t.numel():
+                self._by_storage.setdefault(t.untyped_storage().data_ptr(), name)
+
+    def to(self, dtype: torch.dtype) -> "WeightSource":
+        """The same weights with floating-point tensors converted to ``dtype`` (when read)."""
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            return t.to(dtype) if t.is_floating_point() else t
+
+        if not self.deferred:
+            return WeightSource.of(self.theta.map(lambda _, t: convert(t)), self.label)
+        specs = {n: (tuple(t.shape), dtype if t.is_floating_point() else t.dtype) for n, t in self.theta.items()}
+        read = self._read
+        return WeightSource(specs, lambda name: convert(read(name)), label=self.label)
+
+    def names(self) -> Iterable[str]:
+        return self.theta.keys()
+
+    def read(self, name: str) -> torch.Tensor:
+        """The bytes of ``name``: a contiguous tensor of its placeholder's shape and dtype."""
+        want = self.theta[name]
+        t = self._read(name)
+        if tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+            raise ValueError(f"{self.label}: {name} read as {t.dtype} {list(t.shape)}, declared {want.dtype} {list(want.shape)}")
+        return t.contiguous()
+
+    def locate(self, t: torch.Tensor) -> str | None:
+        """The name of the weight whose storage ``t`` views (a shard of it), or None."""
+        if not t.numel():
+            return None
+        return self._by_storage.get(t.untyped_storage().data_ptr())
+
+    def view_of(self, t: torch.Tensor, name: str, data: torch.Tensor) -> torch.Tensor:
+        """``t`` (a view of the placeholder ``name``) taken from ``data`` (what ``read(name)``
+        returned): the same sizes, strides and offset."""
+        base = self.theta[name]
+        if not base.is_contiguous():
+            raise ValueError(f"{self.label}: placeholder {name} is not contiguous")
+        offset = t.storage_offset() - base.storage_offset()
+        return data.as_strided(t.shape, t.stride(), data.storage_offset() + offset)
+
+    def __repr__(self) -> str:
+        kind = "deferred" if self.deferred else "in memory"
+        return f"WeightSource({self.label or '?'}, {len(self.theta)} tensors, {kind})"
