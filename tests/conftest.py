@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -15,6 +16,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("thorough", max_examples=400, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# Caches the code keeps between runs (the record of verified artifact files) go to a
+# directory of this test run, never the user's ~/.cache; subprocesses inherit it.
+os.environ["SHARKTANK_CACHE"] = tempfile.mkdtemp(prefix="sharktank-test-cache-")
 
 
 @pytest.fixture(autouse=True)

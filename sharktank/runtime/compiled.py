@@ -5,6 +5,11 @@ archives and module match their sha256, compiler and runtime versions agree, the
 the one a ``host`` module was built for, enough devices exist), creates the devices,
 loads every parameter archive into one index for scope ``model`` and places each input on
 the device its argument was exported for. The KV cache stays on the devices between calls.
+
+A file is hashed once: one unchanged since its sha256 matched is known from a record of
+what was verified (:mod:`sharktank.runtime.verified`). Loading ends with one call that
+waits for the module's initialisation, while the archive pages it has read are released
+(:meth:`Session.settle`), so a loaded model holds about one copy of its weights.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import numpy as np
 import torch
 
 from ..export.compile import TARGETS
-from ..weights._files import resolve_inside, sha256_file
+from ..weights._files import resolve_inside
 from .session import Session
+from .verified import VerifiedFiles
 
 __all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel"]
 
@@ -71,11 +77,11 @@ def _inside(directory: Path, name: Any, manifest: Path) -> Path:
 _FIELDS = {"model": dict, "parallel": dict, "device_count": int, "functions": dict, "parameters": dict, "module": dict, "versions": dict}
 
 
-def _check_file(directory: Path, name: str, sha: str | None, manifest: Path) -> Path:
+def _check_file(directory: Path, name: str, sha: str | None, manifest: Path, verified: VerifiedFiles) -> Path:
     path = _inside(directory, name, manifest)
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (named by {manifest})")
-    if sha is not None and sha256_file(path) != sha:
+    if sha is not None and not verified.matches(path, sha):
         raise ArtifactError(f"{path}: sha256 does not match {manifest}; the file changed or is corrupt")
     return path
 
@@ -109,10 +115,14 @@ class CompiledModel:
                 f"{self.directory}: compiled for host CPU {info['host_cpu']}, but this CPU is {host_cpu()}; "
                 f"recompile here with `sharktank compile {self.directory}` or export with --target-arch generic"
             )
-        vmfb = _check_file(self.directory, m["module"]["vmfb"], m["module"].get("vmfb_sha256") if verify else None, mpath)
+        # Files verified before and unchanged since are not hashed again (see runtime.verified).
+        self.verified = VerifiedFiles(self.directory)
+        vmfb = _check_file(self.directory, m["module"]["vmfb"], m["module"].get("vmfb_sha256") if verify else None, mpath, self.verified)
         files = [
-            _check_file(self.directory, name, f["sha256"] if verify else None, mpath) for name, f in m["parameters"]["files"].items()
+            _check_file(self.directory, name, f["sha256"] if verify else None, mpath, self.verified)
+            for name, f in m["parameters"]["files"].items()
         ]
+        self.verified.save()
         self.device_count = m["device_count"]
         self.driver = driver or info["driver"]
         target = TARGETS.get(info.get("target"))
@@ -122,10 +132,20 @@ class CompiledModel:
         self._check_devices(self.driver)
         try:
             self.session = Session(str(vmfb), self.device_count, self.driver, {m["parameters"]["scope"]: [str(f) for f in files]})
+            self.session.settle(self._first_call)
         except (RuntimeError, ValueError) as e:  # the runtime's own words, first line only
             raise ArtifactError(f"{self.directory}: the module does not load with its parameters: {str(e).splitlines()[0]}") from None
         self.vocab_size = m["model"]["config"]["vocab_size"]
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
+
+    def _first_call(self) -> None:
+        """One decode on a scratch cache: it waits for the module's initialisation (weights
+        loaded and packed), so that loading ends with the model ready and its memory settled."""
+        name, spec = min(((n, f) for n, f in self.manifest["functions"].items() if n.startswith("decode_")), key=lambda x: x[1]["batch_size"])
+        b = spec["batch_size"]
+        devices = [a["device"] for a in spec["args"]]
+        zeros = np.zeros((b, 1), np.int64)
+        self.session.invoke(name, [self.session.place(zeros, devices[0]), self.session.place(zeros, devices[1]), *self.new_cache(b)])
 
     def _check_devices(self, driver: str) -> None:
         if driver in TARGETS["cpu"].drivers:

@@ -6,11 +6,49 @@ numpy arrays before they are returned, so no device buffer outlives its device.
 
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Session"]
+__all__ = ["Session", "release_pages"]
+
+
+def release_pages(indexes) -> int:
+    """Tell the kernel this process no longer needs the resident pages of the parameter
+    archives these indexes map (``madvise(MADV_DONTNEED)``); returns the bytes advised.
+
+    The archives are mapped read-only from their files. Module initialisation reads every
+    weight once to build the packed copies the kernels use, which leaves the whole file
+    resident in this process beside those copies: twice the weight memory. Dropping the
+    pages changes no data: a page read again later (an embedding row, a weight used as
+    stored) is mapped back from the page cache or the file. Linux only; elsewhere a no-op."""
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    spans = set()
+    for index in indexes:
+        for _, entry in index.items():
+            if not entry.is_file:
+                continue
+            handle, _ = entry.file_storage
+            if not handle.is_host_allocation:
+                continue
+            view = np.frombuffer(handle.host_allocation, dtype=np.uint8)
+            spans.add((view.ctypes.data, view.nbytes))
+    advised = 0
+    for address, length in spans:
+        start = address - address % page
+        end = address + length
+        if libc.madvise(start, end - start, mmap.MADV_DONTNEED) == 0:
+            advised += end - start
+    return advised
 
 
 class Session:
@@ -33,12 +71,14 @@ class Session:
         # get_device() is cached and would hand back one device N times: create each one.
         self.devices = [drv.create_default_device() for _ in range(device_count)]
         modules = [rt.create_hal_module(self.instance, devices=self.devices)]
+        self._indexes = []
         if parameters:
             providers = []
             for scope, files in parameters.items():
                 index = rt.ParameterIndex()
                 for f in files:
                     index.load(str(f))
+                self._indexes.append(index)
                 providers.append(index.create_provider(scope=scope))
             modules.append(rt.create_io_parameters_module(self.instance, *providers))
         if isinstance(vmfb, (bytes, bytearray)):
@@ -46,6 +86,35 @@ class Session:
         else:
             self.module = rt.VmModule.mmap(self.instance, str(vmfb))
         self.context = rt.VmContext(self.instance, modules=[*modules, self.module])
+
+    def settle(self, call: Callable[[], object], every_s: float = 0.02) -> None:
+        """Run ``call`` (a first function call: it waits for the module's initialisation)
+        on a worker thread while the mapped archives' pages are released every ``every_s``
+        seconds, and once after (:func:`release_pages`).
+
+        A module compiled with asynchronous initialisation (the CPU target's) returns from
+        loading at once and packs its weights on IREE's threads; releasing the pages that
+        packing has read as it goes keeps the raw archives from becoming resident beside the
+        packed copies, so the peak memory is about one copy of the weights, not two."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def run():
+            try:
+                call()
+            except BaseException as e:  # re-raised on the calling thread
+                failure.append(e)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=run, name="first-call", daemon=True)
+        worker.start()
+        while not done.wait(every_s):
+            release_pages(self._indexes)
+        worker.join()
+        release_pages(self._indexes)
+        if failure:
+            raise failure[0]
 
     def place(self, array: np.ndarray, device: int, element_type=None):
         """A device array of ``array`` on logical device ``device`` (``element_type``: an
