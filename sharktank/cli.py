@@ -235,6 +235,7 @@ def cmd_inspect(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from .export.cache_size import DEFAULT_MAX_SEQ_LEN
     from .export.compile import TARGETS
     from .models import SOURCES_HELP
 
@@ -261,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
     e.add_argument("--placement", help="placement directives (JSON: place/path directives)")
     e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
-    e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="KV-cache length (default: the model's context)")
+    e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
+        "weights would not fit in this host's memory for a CPU target)")
     e.add_argument("--dtype", help="convert weights to float32, float16 or bfloat16")
     e.add_argument("--target", choices=list(TARGETS), help="compile target (default cpu)")
     e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")
@@ -307,13 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from .export.cache_size import CacheSizeError
     from .parallel import PlanError
     from .runtime import ArtifactError, InputError
     from .weights import WeightsError
 
     try:
         return args.func(args)
-    except (CliError, ArtifactError, InputError, WeightsError, PlanError, FileExistsError) as e:
+    except (CliError, ArtifactError, InputError, WeightsError, PlanError, CacheSizeError, FileExistsError) as e:
         # User errors: one line, exit 2. Anything else is a bug and keeps its traceback.
         print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ from typing import Callable
 from ..models.llama.model import LlamaModel
 from ..weights._files import atomic_dir, atomic_file, sha256_file
 from .archives import write_archives
+from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, export_llama
 from .program import count_transfers
@@ -103,10 +104,20 @@ def export_artifact(
     compile: bool = True,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> dict:
-    """Export (and compile) ``model`` into ``output_dir``; returns the manifest."""
+    """Export (and compile) ``model`` into ``output_dir``; returns the manifest.
+
+    ``max_seq_len``: the KV-cache length; by default the model's context up to
+    :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
+    a cache that with the weights would not fit in this host's memory (CPU target), raises
+    :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
     plan = model.plan
+    max_seq_len, note = resolve_max_seq_len(
+        model.config, max_seq_len, tuple(batch_sizes), model.dtype,
+        weight_bytes=model.source.theta.nbytes(), memory_bytes=host_memory_bytes() if target == "cpu" else None,
+    )
+    progress(note)
     t0 = time.perf_counter()
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU

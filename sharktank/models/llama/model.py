@@ -56,8 +56,9 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
     # --- cache -----------------------------------------------------------------------------
-    def new_cache(self, batch: int, max_seq_len: int | None = None) -> KVCache:
-        """An empty cache for ``batch`` sequences, one entry per microbatch."""
+    def new_cache(self, batch: int, max_seq_len: int | None = None, *, placeholder: bool = False) -> KVCache:
+        """An empty cache for ``batch`` sequences, one entry per microbatch. ``placeholder``:
+        uninitialised memory that is never touched (tracing reads only shapes), not zeros."""
         c = self.config
         t = max_seq_len or c.max_seq_len
         count = min(batch, len(self.plan.paths))
@@ -68,7 +69,8 @@ class LlamaModel:
             for stage, r in enumerate(self.plan.paths[path]):
                 devices = self.plan.devices(stage, r)
                 for _ in self.plan.blocks_of(stage):
-                    zeros = torch.zeros(rows, t, c.num_kv_heads, c.head_dim, dtype=self.dtype)
+                    make = torch.empty if placeholder else torch.zeros
+                    zeros = make(rows, t, c.num_kv_heads, c.head_dim, dtype=self.dtype)
                     entries.append(tuple(SplitPrimitiveTensor(shard_dim=2, ts=zeros, devices=devices, pinned=True) for _ in range(2)))
             cache.entries.append(entries)
         return cache
