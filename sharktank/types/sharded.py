@@ -141,6 +141,13 @@ class ShardedTensor:
     def _init_kwargs(self) -> dict[str, Any]:
         return dict(ts=self._shards, devices=self._devices, pinned=self._pinned, name=self.name)
 
+    def is_deep_equal(self, other: Any, *, compare_placement: bool = True) -> bool:
+        """:func:`sharktank.types.is_deep_equal` of ``self`` and ``other`` (as the public
+        sharktank package spells it, a method)."""
+        from .equality import is_deep_equal  # equality imports this module
+
+        return is_deep_equal(self, other, compare_placement=compare_placement)
+
     def __repr__(self) -> str:
         pin = ", pinned" if self._pinned else ""
         name = f" {self.name!r}" if self.name else ""

@@ -73,7 +73,7 @@ def test_tp_ffn_compiles_and_runs_like_eager(devices):
     flat = [s for a in args for s in a.shards]
     results = session.call("main", [s.numpy() for s in flat], arg_devices(args))
     assert len(results) == n
-    for got, want in zip(results, eager.shards):
+    for got, want in zip(results, eager.shards, strict=True):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
     reference = F.linear(F.silu(F.linear(x, w1)), w2).numpy()
     np.testing.assert_allclose(results[0], reference, rtol=1e-4, atol=1e-4)
@@ -103,7 +103,7 @@ def test_two_stage_pipeline_compiles_and_runs_like_eager():
     session = Session(compile_mlir(mlir, 4), 4)
     flat = [s for a in args for s in a.shards]
     results = session.call("main", [s.numpy() for s in flat], arg_devices(args))
-    for got, want in zip(results, eager.shards):
+    for got, want in zip(results, eager.shards, strict=True):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 

@@ -25,6 +25,7 @@ class Built:
     required: list[tuple[str, ...]] = field(default_factory=list)
     no_partial: tuple[int, ...] = ()  # operand positions that may not be unreduced (ints)
     atol: float = 1e-4
+    takes_devices: bool = False  # call(*operands, devices=...): ops that place a plain operand
 
 
 def _rand(gen, *shape, dtype=torch.float32):
@@ -351,14 +352,14 @@ def case_collective(name):
             "all_gather": (lambda x: ops.all_gather(x), [(f"S{j}",) for j in range(len(shape))] + [("R",)]),
             "all_reduce": (lambda x: ops.all_reduce(x), [("P",), ("R",)]),
             "reduce_scatter": (lambda x: ops.reduce_scatter(x, d), [("P",)]),
-            "replicate": (lambda x: ops.replicate(x, devices=getattr(x, "devices", None) or (0, 1)), [("P",), ("R",), ("T",), (f"S{d}",)]),
-            "reshard_split": (lambda x: ops.reshard_split(x, dim=d, devices=getattr(x, "devices", None) or (0, 1)), [("P",), ("R",), ("T",)] + [(f"S{j}",) for j in range(len(shape))]),
+            "replicate": (lambda x, devices: ops.replicate(x, devices=devices), [("P",), ("R",), ("T",), (f"S{d}",)]),
+            "reshard_split": (lambda x, devices: ops.reshard_split(x, dim=d, devices=devices), [("P",), ("R",), ("T",)] + [(f"S{j}",) for j in range(len(shape))]),
             "unshard": (lambda x: ops.unshard(x), [("P",), ("R",), ("T",)] + [(f"S{j}",) for j in range(len(shape))]),
             "sharded_cat": (lambda x: ops.sharded_cat(x), [(f"S{j}",) for j in range(len(shape))]),
             "sharded_sum": (lambda x: ops.sharded_sum(x), [("P",)]),
         }
         call, req = calls[name]
-        return Built([_rand(gen, *shape)], call, lambda x: x, req)
+        return Built([_rand(gen, *shape)], call, lambda x: x, req, takes_devices=name in ("replicate", "reshard_split"))
 
     return build
 

@@ -1,22 +1,72 @@
 """Every op, every placement of its operands, against unsharded torch.
 
-For each drawn combination the op must either equal the torch result (with the result on
-the operands' devices) or raise the documented error (ShardingError,
-NoImplementationError). The placements each op must support are also run one by one.
+Each example draws one combination from the op's valid ones (kinds that fit the operands'
+ranks and dtypes, at least one operand sharded unless the combination is required). The op
+must equal the torch result, with the result on the operands' devices, or refuse with the
+documented error (ShardingError, NoImplementationError) for one of the reasons REFUSALS
+lists for it; a refusal is then rejected with ``assume``, so each counted example compared
+values. The placements each op must support are also run one by one.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections import Counter
+
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from cases import CASES, Built
 from placing import device_tuples, kinds_for, place
 from sharktank import ops
 from sharktank.types import ShardedTensor, UnreducedTensor
 
-REFUSALS = (ops.ShardingError, ops.NoImplementationError)
+REFUSAL_TYPES = (ops.ShardingError, ops.NoImplementationError)
+
+
+# Why each op may refuse a drawn combination: regexes on the message, which must also start
+# with the op's name. Any other refusal fails, so a new one is added here with its reason.
+_ALONG_SPLIT = r"along dim \d+ of \[[\d, ]*\], which is split \[[\d, ]*\]; all_gather or reshard first"
+_NOT_LINEAR = r" is not linear,? and (got an|an operand is an) UnreducedTensor"
+_DISAGREE = r": split operands disagree: "
+_BINARY = [_DISAGREE, r": cannot mix split and unreduced operands", r": an operand of size \d+ along the split dim broadcasts against a split dim", _NOT_LINEAR]
+_NO_LOCAL = r": no local computation for lhs \w+Tensor \S+ shape \[[\d, ]*\] with rhs \w+Tensor \S+ shape \[[\d, ]*\]"
+_NO_IMPL = r" has no implementation for \((Split\w+|Replicated|Unreduced)Tensor\); registered: "
+REFUSALS: dict[str, tuple[str, list[str]]] = {  # case -> (op named in the message, reasons)
+    **{op: (op, _BINARY) for op in ("add", "sub", "mul", "div")},
+    "add_scalar": ("add", []),
+    "mul_scalar": ("mul", []),
+    "elementwise": (r"elementwise\(<lambda>\)", _BINARY),
+    "matmul": ("matmul", [_NO_LOCAL, _NOT_LINEAR]),
+    "linear": ("linear", [_NO_LOCAL, r": the result is unreduced but the bias is split", r": bias .* is split but the output is not split on its last dim",
+                          r": an unreduced bias is not supported", r": bias split \[[\d, ]*\] does not match the output split"]),
+    **{op: (op, [" works " + _ALONG_SPLIT, _NOT_LINEAR]) for op in ("softmax", "rms_norm", "layer_norm")},
+    "scaled_dot_product_attention": ("scaled_dot_product_attention", [" works " + _ALONG_SPLIT, _DISAGREE, _NOT_LINEAR]),
+    "sdpa_gqa": ("scaled_dot_product_attention", [r" with GQA needs q, k and v split on the head dim \(-3\); [qkv] is ", r" do not line up with kv heads split",
+                                                  r" with GQA takes a replicated or plain mask", " works " + _ALONG_SPLIT, _DISAGREE, _NOT_LINEAR]),
+    "index_put": ("index_put", [r": indexed dim \d+ of \[[\d, ]*\] is split; reshard first", r": values .* must be split like ", r": replicated target with .* values",
+                                r": a plain tensor cannot take sharded indices or values", r" into an UnreducedTensor is not linear"]),
+    "index_select": ("index_select", [" " + _ALONG_SPLIT, r": index tensors must be replicated or plain, found "]),
+    "embedding_lookup": ("embedding_lookup", [r": split ids with a split embedding matrix", r": unreduced operands are not supported"]),
+    **{op: (op, []) for op in ("sum", "mean", "argmax", "transpose", "permute", "to", "unflatten", "replicate", "reshard_split", "unshard")},
+    "cat": ("cat", [r" along the split dim \d+ interleaves shards", r": split operands disagree: S\(\d+\) ", r": unreduced tensors can only be concatenated with unreduced"]),
+    **{op: ("reshape", [r": reshape \[[\d, ]*\] -> \[[\d, ]*\] \(split dim \d+.*\) moves items between shards"]) for op in ("reshape", "flatten")},
+    "expand": ("expand", [r": cannot expand split dim \d+ of \[[\d, ]*\] to "]),
+    **{op: (op, [_NO_IMPL]) for op in ("all_gather", "all_reduce", "reduce_scatter", "sharded_cat", "sharded_sum")},
+}
+
+# Least share of an op's drawn combinations that must compare values (the rest refused).
+MIN_COMPARED_SHARE = 0.05
+
+
+def _refusal_ok(name: str, kinds, e: Exception) -> None:
+    """A refusal of the documented type (NoImplementationError for a missing rule, else
+    ShardingError) for a reason REFUSALS lists for this op."""
+    op, reasons = REFUSALS[name]
+    typed = [r for r in reasons if isinstance(e, ops.NoImplementationError if r == _NO_IMPL else ops.ShardingError)]
+    assert any(re.match(rf"ops\.({op}){r}", str(e), re.S) for r in typed), f"{name} {kinds}: unlisted refusal {type(e).__name__}: {e}"
 
 
 def _value(x):
@@ -26,7 +76,7 @@ def _value(x):
 def _check(b: Built, kinds, devices, gen):
     placed = [place(t, k, devices, gen=gen) for t, k in zip(b.tensors, kinds)]
     expected = b.ref(*b.tensors)
-    got = b.call(*placed)
+    got = b.call(*placed, devices=devices) if b.takes_devices else b.call(*placed)
     if isinstance(got, ShardedTensor):
         assert got.devices == devices, f"result on {got.devices}, operands on {devices}"
         assert not got.pinned
@@ -39,29 +89,48 @@ def _check(b: Built, kinds, devices, gen):
         torch.testing.assert_close(got, expected, atol=b.atol, rtol=1e-4, msg=lambda m: f"{kinds}: {m}")
 
 
-def _kinds_ok(b: Built, kinds) -> bool:
-    for i, k in enumerate(kinds):
-        t = b.tensors[i]
-        if k == "P" and (i in b.no_partial or not t.is_floating_point()):
-            return False
-        if k.startswith("S") and int(k[1:]) >= t.ndim:
-            return False
-    return any(k != "T" for k in kinds)
+def _kind_ok(b: Built, i: int, k: str) -> bool:
+    t = b.tensors[i]
+    if k == "P":
+        return i not in b.no_partial and t.is_floating_point()
+    return not k.startswith("S") or int(k[1:]) < t.ndim
+
+
+def valid_kinds(b: Built) -> list[tuple[str, ...]]:
+    """The combinations worth running: each kind fits its operand, and at least one operand is
+    sharded unless the combination is required (plain input to replicate, say)."""
+    per = [[k for k in kinds_for(t.ndim) if _kind_ok(b, i, k)] for i, t in enumerate(b.tensors)]
+    return [c for c in itertools.product(*per) if any(k != "T" for k in c) or c in b.required]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@given(data=st.data())
-def test_op_matches_torch_or_refuses(name, data):
-    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    b = CASES[name](data.draw, gen)
-    devices = data.draw(device_tuples(1, 8))
-    kinds = tuple(data.draw(st.sampled_from(kinds_for(t.ndim))) for t in b.tensors)
-    if not _kinds_ok(b, kinds):
-        return
-    try:
-        _check(b, kinds, devices, gen)
-    except REFUSALS:
-        assert kinds not in b.required, f"{name} must support {kinds}"
+def test_op_matches_torch_or_refuses(name, record_property):
+    tally = Counter()
+
+    # A refusal is checked, then rejected: hypothesis draws on until max_examples compared.
+    @settings(suppress_health_check=[HealthCheck.filter_too_much])
+    @given(data=st.data())
+    def one(data):
+        gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+        b = CASES[name](data.draw, gen)
+        devices = data.draw(device_tuples(1, 8))
+        kinds = data.draw(st.sampled_from(valid_kinds(b)))
+        try:
+            _check(b, kinds, devices, gen)
+        except REFUSAL_TYPES as e:
+            assert kinds not in b.required, f"{name} must support {kinds}: {e}"
+            _refusal_ok(name, kinds, e)
+            tally["refused"] += 1
+            assume(False)
+        tally["compared"] += 1
+
+    one()
+    compared, drawn = tally["compared"], tally["compared"] + tally["refused"]
+    print(f"ops vs torch, {name}: compared {compared} of {drawn} drawn")
+    record_property("reliability:ops vs torch, examples compared", {name: compared})
+    record_property("reliability:ops vs torch, refusals checked", {name: tally["refused"]})
+    assert compared >= settings().max_examples, f"{name}: only {compared} examples compared ({drawn} drawn)"
+    assert compared >= MIN_COMPARED_SHARE * drawn, f"{name}: {compared} of {drawn} drawn compared values"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -70,8 +139,9 @@ def test_required_placements_work(name, data):
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     b = CASES[name](data.draw, gen)
     devices = data.draw(device_tuples(1, 8))
-    required = [k for k in b.required if _kinds_ok(b, k)]
+    required = [k for k in b.required if all(_kind_ok(b, i, x) for i, x in enumerate(k))]
     assert required or all(t.ndim == 0 for t in b.tensors)
+    assert set(required) <= set(valid_kinds(b)), "a required combination the draws never reach"
     for kinds in required:
         _check(b, kinds, devices, gen)
 

@@ -50,7 +50,7 @@ def test_all_reduce_coalesced_exports_one_transfer_per_bucket_and_runs():
         assert log.bytes_sent(d) == log.bytes_received(d) == 2 * (n - 1) * 6 * KIB // n
     out = _run(coalesced, ts, n)
     want = [ops.unshard(t) for t in ts for _ in range(n)]
-    for got, w in zip(out, want):
+    for got, w in zip(out, want, strict=True):
         torch.testing.assert_close(torch.from_numpy(got), w, atol=1e-5, rtol=1e-5)
 
 
@@ -69,7 +69,7 @@ def test_all_reduce_coalesced_of_computed_partial_sums_runs_on_four_devices():
 
     assert count_transfers(mlir) == 2 * n * (n - 1) * len(ops.bucket_sizes(5 * 48, 4, 256, 128))
     out = _run(mlir, ts, n)
-    for got, want in zip(out, [2 * ops.unshard(t) for t in ts for _ in range(n)]):
+    for got, want in zip(out, [2 * ops.unshard(t) for t in ts for _ in range(n)], strict=True):
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-5, rtol=1e-5)
 
 
@@ -86,7 +86,7 @@ def test_transfer_coalesced_stage_boundary_exports_one_transfer_per_pair_and_run
     assert len(per_tensor) == 2 * len(ts)
     assert "__device_2" in mlir and "__device_3" in mlir
     out = _run(mlir, ts, 4)
-    for got, want in zip(out, [s for t in ts for s in t.shards]):
+    for got, want in zip(out, [s for t in ts for s in t.shards], strict=True):
         assert torch.equal(torch.from_numpy(got), want)
 
 

@@ -94,7 +94,11 @@ class KillResult:
     returncode: int
     marker_seen: bool
     seconds: float
-    stderr_tail: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)  # every line it printed before it ended
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        return self.stderr[-5:]
 
 
 def run_and_kill(args: list[str], *, marker: str | None, delay: float, timeout: float = 400) -> KillResult:
@@ -125,7 +129,7 @@ def run_and_kill(args: list[str], *, marker: str | None, delay: float, timeout: 
         os.killpg(p.pid, signal.SIGKILL)
     rc = p.wait(timeout=60)
     reader.join(timeout=10)
-    return KillResult(killed, rc, marker is None or any(marker in x for x in lines), time.monotonic() - t0, lines[-5:])
+    return KillResult(killed, rc, marker is None or any(marker in x for x in lines), time.monotonic() - t0, lines)
 
 
 def tree_digest(d: Path) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -223,8 +224,13 @@ def test_config_disagreeing_with_tensors_irpa_and_theta(tmp_path, kind):
     # own shapes (found by this suite; a flipped byte in a tensor name gave a KeyError).
     bad = dataclasses.replace(CONFIG, intermediate_size=40)
     sources = _write_sources(tmp_path, bad, random_theta(CONFIG))
-    with pytest.raises(WeightsError):
+    with pytest.raises(WeightsError) as err:
         load_model(sources[kind])
+    # An MLP weight, [intermediate, hidden] or its transpose, as stored and as the config implies.
+    h, i, j = CONFIG.hidden_size, CONFIG.intermediate_size, bad.intermediate_size
+    shapes = rf"shape \[({i}, {h}|{h}, {i})\] disagrees with the config, which implies \[({j}, {h}|{h}, {j})\]"
+    assert re.search(rf"'model\.layers\.\d+\.mlp\.\w+_proj\.weight': {shapes}", str(err.value)), err.value
+    assert str(sources[kind]) in str(err.value), err.value
 
 
 @pytest.mark.parametrize("kind", ["irpa", "theta"])
@@ -314,7 +320,8 @@ ARTIFACT_CASES = [
     ("sha256 of device_0.irpa differs", lambda m: m["parameters"]["files"]["device_0.irpa"].update(sha256="0" * 64), "device_0.irpa"),
     ("field 'versions' missing", lambda m: m.pop("versions"), "manifest.json"),
     ("device_count 0", lambda m: m.update(device_count=0), "manifest.json"),
-    ("parameter scope renamed", lambda m: m["parameters"].update(scope="other"), "art"),
+    # The module still asks for the scope it was exported with; no archive provides it now.
+    ("parameter scope renamed", lambda m: m["parameters"].update(scope="other"), "no provider registered that handles scopes like '{scope}'"),
     ("not JSON", "{", "manifest.json"),
 ]
 
@@ -325,6 +332,7 @@ def test_artifact_manifest_pointing_outside_or_inconsistent(artifact, sandbox, c
     from sharktank.export.artifact import compile_artifact
 
     manifest = artifact / "manifest.json"
+    names = names.format(scope=json.loads(manifest.read_text())["parameters"]["scope"])
     if edit == "{":
         manifest.write_text("{")
     elif edit is None:

@@ -98,6 +98,20 @@ def test_is_deep_equal_compares_placement_unless_told_not_to():
     assert is_deep_equal([a, {"k": t}], [a.clone(), {"k": t.clone()}])
 
 
+def test_is_deep_equal_method_is_the_function():
+    t = torch.randn(4, 2)
+    a = SplitPrimitiveTensor(shard_dim=0, ts=t, shard_count=2)
+    moved = a.clone(devices=(1, 0))
+    assert a.is_deep_equal(a.clone())
+    assert not a.is_deep_equal(a.clone(ts=[a.shards[0], a.shards[1] + 1]))
+    assert not a.is_deep_equal(t)
+    assert not a.is_deep_equal(moved)
+    assert a.is_deep_equal(moved, compare_placement=False)
+    for other in (a.clone(), moved, ReplicatedTensor(ts=t, shard_count=2)):
+        for cp in (True, False):
+            assert a.is_deep_equal(other, compare_placement=cp) == is_deep_equal(a, other, compare_placement=cp)
+
+
 def test_sharding_spec_is_small_immutable_data():
     s = ShardingSpec.split(1, devices=[2, 3], pinned=True)
     assert s.devices == (2, 3) and s.shard_count == 2 and str(s) == "S(1) on [2, 3], pinned"
