@@ -1,4 +1,5 @@
-"""Reference models from transformers, built from a config with random weights."""
+"""Reference models from transformers, built from a config with random weights, and the
+tolerance our logits are held to against them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,34 @@ import torch
 from sharktank.models.llama import LlamaConfig
 from sharktank.weights import Theta
 
+# transformers initialises weights with std 0.02, which makes q.k/sqrt(head_dim) ~0.1: attention
+# is nearly uniform (the mean top weight is 0.11 over 48 positions) and a rotary mistake barely
+# moves the logits. Scaling q_proj and k_proj by 6 multiplies the scores by 36 (mean top
+# weight 0.45), so where each key sits, and hence rotary, decides what a query reads.
+QK_SCALE = 6.0
+# llama3 scaling: positions reach 48 > 40, and with rope_theta 500000 and head_dim 16 the
+# wavelengths are 6.3 (< 40/4: kept), 32.4 (in the blended band [10, 40]) and 167+ (> 40:
+# divided by the factor), so all three branches of the scaling are exercised.
+LLAMA3_CONTEXT = 40
+
+# Float32 against float32, relative to max|logit|: the correct code's rounding reaches 1.2e-6
+# (at every placement the tests use), so 2e-5 leaves room for other CPUs' kernels, while each
+# mistake these tests are meant to catch (rope base, llama3 scaling, rotary pairing, decode
+# position, a dropped bias) moves the logits by 1e-2 or more (a dropped k bias: 1.1e-2).
+LOGITS_RTOL = 2e-5
+
+
+def logits_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| relative to max |want| (the logit scale)."""
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+def assert_logits_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` within :data:`LOGITS_RTOL` of the reference logits ``want``."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = logits_error(got, want)
+    assert err <= LOGITS_RTOL, f"max |error| / max |logit| = {err:.3g} > {LOGITS_RTOL:g}"
+
 
 @functools.lru_cache(maxsize=None)
 def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False, seed: int = 0, kv_heads: int = 4, biases: bool = False):
@@ -18,8 +47,8 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
     torch.manual_seed(seed)
     kwargs = dict(
         vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
+        hidden_size=128,  # head_dim 16: eight rotary frequencies
+        intermediate_size=192,
         num_hidden_layers=num_layers,
         num_attention_heads=8,
         num_key_value_heads=kv_heads,
@@ -32,11 +61,12 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
             "factor": 8.0,
             "low_freq_factor": 1.0,
             "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16,
+            "original_max_position_embeddings": LLAMA3_CONTEXT,
             "rope_theta": 500000.0,
         }
         kwargs["rope_theta"] = 500000.0
-    if qwen:
+    if qwen:  # Qwen2 checkpoints use base 1e6, not the config class's default 10000
+        kwargs["rope_theta"] = 1000000.0
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kwargs, tie_word_embeddings=False))
     else:
         if biases:  # Llama with attention_bias (q, k, v and o) and mlp_bias
@@ -44,11 +74,13 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
     model.eval()
     # Non-trivial norm weights and biases (transformers starts biases at zero), so that one
-    # applied wrongly, or not at all, shows.
+    # applied wrongly, or not at all, shows; sharp attention (QK_SCALE).
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(QK_SCALE)
     config = LlamaConfig.from_hf(model.config.to_dict())
     theta = Theta({k: v.detach().clone() for k, v in model.state_dict().items() if "rotary" not in k})
     return model, config, theta

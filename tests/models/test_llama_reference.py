@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference import hf_llama
+from reference import assert_logits_match, hf_llama
 from placing import all_reduce_transfers
 from sharktank import ops
+from sharktank.layers import rotary_cos_sin
 from sharktank.models.llama import LlamaConfig
 from sharktank.models.llama.model import LlamaModel
 from sharktank.parallel import ParallelPlan, PlanError, plan_from_directives
 
 SHARED = Path(__file__).resolve().parents[2] / "exports" / "placements"  # copies of shared/placements
-TOKENS = torch.tensor([[5, 17, 42, 3, 9, 60, 1, 33, 8, 21], [2, 2, 50, 11, 7, 7, 30, 63, 0, 12]])
+# Two prompts of 48 tokens: positions past the llama3 variant's original context (40).
+TOKENS = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(0))
 
 
 def _reference_logits(model, tokens):
@@ -30,8 +32,7 @@ def test_logits_match_transformers(tp, pp):
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, pp))
     with ops.record_transfers() as log:
         got = model.prefill(TOKENS)
-    want = _reference_logits(ref, TOKENS)
-    assert (got - want).abs().max().item() <= 1e-4
+    assert_logits_match(got, _reference_logits(ref, TOKENS))
     # Transfers are exactly: two all_reduces per block, the stage boundaries, the LM-head
     # gather, and the inputs copied from the first device to the others that read them
     # (tokens to the first stage's other devices, positions to every stage's devices).
@@ -47,7 +48,7 @@ def test_multi_query_and_full_kv_heads_match_transformers(kv_heads, tp):
     # heads as query heads (no grouping), eager and sharded, decode after prefill.
     ref, config, theta = hf_llama(num_layers=2, kv_heads=kv_heads)
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, 1))
-    assert (model.prefill(TOKENS) - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+    assert_logits_match(model.prefill(TOKENS), _reference_logits(ref, TOKENS))
     assert torch.equal(model.generate(TOKENS[:1], 4), ref.generate(TOKENS[:1], max_new_tokens=4, do_sample=False)[:, TOKENS.shape[1] :])
 
 
@@ -58,7 +59,7 @@ def test_llama_with_attention_and_mlp_biases_matches_transformers(tp):
     ref, config, theta = hf_llama(num_layers=2, biases=True)
     assert config.attention_bias and config.o_bias and config.mlp_bias
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, 1))
-    assert (model.prefill(TOKENS) - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+    assert_logits_match(model.prefill(TOKENS), _reference_logits(ref, TOKENS))
 
 
 def test_dualpipev_placement_matches_transformers():
@@ -67,7 +68,7 @@ def test_dualpipev_placement_matches_transformers():
     model = LlamaModel(config, theta, plan)
     with ops.record_transfers() as log:
         got = model.prefill(TOKENS)  # two microbatches, one per path
-    assert (got - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+    assert_logits_match(got, _reference_logits(ref, TOKENS))
     # Each V crosses 6 boundaries (3->3 stays on one device) with one shard (tp=1), and its
     # positions go from its first device to the 3 others it visits.
     assert len(log) == 2 * (6 + 3)
@@ -90,8 +91,7 @@ def test_decode_steps_match_full_prefill():
     cache = model.new_cache(2, 32)
     model.prefill(TOKENS[:, :6], cache)
     steps = [model.decode(TOKENS[:, i], cache, torch.full((2,), i)) for i in range(6, 10)]
-    want = _reference_logits(ref, TOKENS)[:, 6:10]
-    assert (torch.cat(steps, dim=1) - want).abs().max().item() <= 1e-4
+    assert_logits_match(torch.cat(steps, dim=1), _reference_logits(ref, TOKENS[:, :10])[:, 6:10])
 
 
 @pytest.mark.parametrize("variant", ["llama3_rope", "qwen2_bias"])
@@ -100,7 +100,23 @@ def test_variants_match_transformers(variant):
     assert (config.rope_scaling is not None) == (variant == "llama3_rope")
     assert config.attention_bias == (variant == "qwen2_bias")
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, 2, 2))
-    assert (model.prefill(TOKENS) - _reference_logits(ref, TOKENS)).abs().max().item() <= 1e-4
+    assert_logits_match(model.prefill(TOKENS), _reference_logits(ref, TOKENS))
+
+
+@pytest.mark.parametrize("variant", ["default", "llama3_rope", "qwen2_bias"])
+def test_rotary_tables_match_transformers(variant):
+    # The logits only see rotary angles relative to each other (a shift of every position
+    # cancels in q.k), so the tables themselves are compared: cos and sin of every position
+    # the model can hold, from the inverse frequencies the model uses.
+    ref, config, theta = hf_llama(rope_scaling=variant == "llama3_rope", qwen=variant == "qwen2_bias")
+    positions = torch.arange(config.max_seq_len)[None, :]
+    with torch.no_grad():
+        want = ref.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
+    got = rotary_cos_sin(positions, LlamaModel(config, theta).inv_freq, torch.float32)
+    for g, w in zip(got, want):  # ours broadcast over heads: [1, S, 1, head_dim]
+        # Equal today; 1e-5 allows a frequency 1 ulp off (angle 63 moves ~4e-6), where a
+        # wrong base, scaling or position moves some entry by 0.4 or more.
+        torch.testing.assert_close(g[:, :, 0], w, atol=1e-5, rtol=0)
 
 
 def test_sharded_gradients_match_unsharded():

@@ -81,6 +81,33 @@ def test_q_and_k_are_stored_interleaved(hf_theta, tmp_path):
         assert torch.equal(raw[b + "attn_v.weight"], v)
 
 
+def test_transformers_reads_our_file_as_the_original_model(tmp_path):
+    # transformers' GGUF reader undoes llama.cpp's q/k row order with its own code, so this
+    # checks the layout against an independent implementation: a writer and loader that are
+    # wrong the same way still round-trip. q/k biases are permuted like the weights.
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=500000.0, attention_bias=True,
+    ))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):  # transformers starts them at zero
+                p.normal_()
+    want = {k: v for k, v in hf.state_dict().items() if "rotary" not in k}
+    save_gguf(tmp_path / "m.gguf", LlamaConfig.from_hf(hf.config.to_dict()), Theta(want))
+    read = load_gguf_checkpoint(str(tmp_path / "m.gguf"), return_tensors=True, model_to_load=hf)
+    c = read["config"]
+    assert (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rope_theta"]) == (4, 2, 8, 500000.0)
+    got = read["tensors"]
+    assert set(got) == set(want)
+    for name in want:
+        assert torch.equal(torch.as_tensor(got[name]), want[name]), name
+
+
 def test_bias_tied_embeddings_head_dim_and_llama3_scaling(tmp_path):
     config = LlamaConfig(
         vocab_size=40, hidden_size=24, intermediate_size=20, num_layers=3, num_heads=2, num_kv_heads=1,
