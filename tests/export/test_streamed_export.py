@@ -20,8 +20,8 @@ from make_checkpoint import write_checkpoint  # noqa: E402
 
 from sharktank.export.artifact import export_artifact  # noqa: E402
 from sharktank.export.llama import lift_weights  # noqa: E402
-from sharktank.models import load_model  # noqa: E402
-from sharktank.weights import load_irpa  # noqa: E402
+from sharktank.models import load_model, load_weights, save_model_irpa  # noqa: E402
+from sharktank.weights import load_irpa, save_gguf  # noqa: E402
 
 SMALL = {  # a tied, GQA Llama small enough to compile in seconds
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -42,9 +42,20 @@ def _cli(*args):
     return p
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_streamed_archives_equal_in_memory_ones_and_store_the_tied_embedding_once(tmp_path, tp):
+def _source(tmp_path: Path, kind: str) -> Path:
+    """The small model as a checkpoint directory, or converted to a GGUF or irpa file."""
     ckpt = _checkpoint(tmp_path, "small", SMALL)
+    if kind == "hf":
+        return ckpt
+    config, theta = load_weights(ckpt)
+    path = tmp_path / f"small.{kind}"
+    (save_gguf if kind == "gguf" else save_model_irpa)(path, config, theta)
+    return path
+
+
+@pytest.mark.parametrize("tp, kind", [(1, "hf"), (2, "hf"), (2, "gguf"), (2, "irpa")])
+def test_streamed_archives_equal_in_memory_ones_and_store_the_tied_embedding_once(tmp_path, tp, kind):
+    ckpt = _source(tmp_path, kind)
     lazy = load_model(ckpt, tp=tp, deferred=True)
     assert lazy.source.deferred
     streamed = tmp_path / "streamed"
@@ -64,7 +75,6 @@ def test_streamed_archives_equal_in_memory_ones_and_store_the_tied_embedding_onc
         assert torch.equal(got[key], want[key]), key
     # Tied: the LM head is a slice of the embedding each device already holds whole.
     assert not [k for k in got if k[1].startswith("lm_head")]
-    embed = torch.nn.Parameter  # noqa: F841 (readability: the table below is the replicated one)
     for d in range(tp):
         assert got[(d, f"model.embed_tokens.weight@d{d}")].shape == (SMALL["vocab_size"], SMALL["hidden_size"])
     manifest = json.loads((streamed / "manifest.json").read_text())
