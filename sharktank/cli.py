@@ -145,6 +145,20 @@ def _eager_model(manifest: dict):
     return LlamaModel(LlamaConfig.from_dict(manifest["model"]["config"]), theta, plan)
 
 
+def _seconds_since_process_start(at: float) -> float | None:
+    """Seconds from this process's start to the ``time.perf_counter()`` value ``at`` (Linux:
+    from /proc, to a clock tick; None elsewhere)."""
+    import os
+
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start - (time.perf_counter() - at)
+
+
 def cmd_run(args) -> int:
     import numpy as np
     import torch
@@ -155,9 +169,12 @@ def cmd_run(args) -> int:
     if len({len(r) for r in rows}) != 1:
         raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
     tokens = torch.tensor(rows, dtype=torch.int64)
+    t0 = time.perf_counter()
     model = CompiledModel(args.dir, driver=args.driver)
+    loaded = time.perf_counter()
     ids, logits = model.generate(tokens, args.max_new_tokens)
     decode = [t * 1e3 for t in model.timings["decode"]]
+    started = _seconds_since_process_start(loaded)
     result = {
         "ids": ids.tolist() if len(rows) > 1 else ids[0].tolist(),
         "prefill_ms": round(model.timings["prefill"][0] * 1e3, 3),
@@ -166,6 +183,9 @@ def cmd_run(args) -> int:
             "min": round(min(decode), 3) if decode else None,
             "max": round(max(decode), 3) if decode else None,
         },
+        "load_s": round(loaded - t0, 3),
+        # From the process's start (interpreter and imports included) to the first token's logits.
+        "first_token_s": round(started + model.timings["prefill"][0], 3) if started is not None else None,
         "device_count": model.device_count,
         "dtype": model.manifest["model"]["dtype"],
         "driver": model.driver,
@@ -191,6 +211,8 @@ def cmd_run(args) -> int:
             print("generated ids:", " ".join(map(str, row)))
         d = result["decode_ms_per_token"]
         print(f"prefill {result['prefill_ms']:.2f} ms; decode {d['median']} ms/token (min {d['min']}, max {d['max']})")
+        if result["first_token_s"] is not None:
+            print(f"loaded in {result['load_s']:.2f} s; first token {result['first_token_s']:.2f} s after the process started")
         if args.compare_eager:
             print(f"max abs error vs eager torch: {result['max_abs_error_vs_eager']:.3g}; same ids as eager: {result['eager_ids_match']}")
     return 0

@@ -4,9 +4,10 @@ against the limits measured in the same run.
     python tools/bench_scale.py [--shape 1b|8b] [--tp 1,2] [--rounds 3] [--steps 16] [--work DIR] [--json FILE]
 
 Per tensor-parallel size: export (``--no-compile``) and compile wall seconds and peak RSS, the
-parameter bytes written, run peak RSS, process start to first token (a first run that hashes
-the archives, then the median of the later runs, which find them in the verification
-record), and decode ms/token. Measured in the same run, interleaved with our runs round by
+parameter bytes written, run peak RSS, time to first token (``run``'s ``first_token_s``: from
+the process's start, interpreter and imports included, to the first token's logits; a first
+run that hashes the archives, then the median of later runs, which find them in the
+verification record), and decode ms/token. Measured in the same run, interleaved with our runs round by
 round: transformers eager decode ms/token (bfloat16, all cores; 1B only: the 8B in eager
 torch does not fit beside anything on a 24 GiB machine) and this machine's read bandwidth,
 which gives the memory-read limit (weight bytes a decode step reads / bandwidth).
@@ -132,14 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     theirs: list[float] = []
     bandwidth: list[float] = []
     for tp in tps:  # the first run of each artifact hashes its archives and records them
-        _, first_hashing[tp], _ = run_once(work / f"{args.shape}-tp{tp}", 1)
+        first_hashing[tp] = run_once(work / f"{args.shape}-tp{tp}", 1)[0]["first_token_s"]
     for r in range(args.rounds):
         bandwidth.append(read_bandwidth_gbs(rounds=3)["median"])
         for tp in tps:
             out = work / f"{args.shape}-tp{tp}"
             reads[tp].append(read_seconds(out))
-            _, wall, _ = run_once(out, 1)
-            first_token[tp].append(wall)
+            first_token[tp].append(run_once(out, 1)[0]["first_token_s"])
             result, _, peak = run_once(out, args.steps + 1)
             ours[tp].append(result["decode_ms_per_token"]["median"])
             run_peak[tp].append(peak)

@@ -67,6 +67,9 @@ def test_run_matches_eager(tp2pp2):
     assert len(r["ids"]) == 6 and r["eager_ids_match"]
     assert r["max_abs_error_vs_eager"] <= 1e-4
     assert r["device_count"] == 4 and r["dtype"] == "float32" and r["decode_ms_per_token"]["median"] > 0
+    # The first token comes after the interpreter started, imported and loaded the module,
+    # and prefilled: later than the load alone plus the prefill.
+    assert 0 < r["load_s"] and r["load_s"] + r["prefill_ms"] / 1e3 < r["first_token_s"] < 120
 
 
 def test_local_sync_driver_gives_the_same_logits(tp2pp2, tmp_path):
