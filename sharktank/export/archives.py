@@ -1,9 +1,11 @@
 """Writing an export's parameter archives, one ``device_{d}.irpa`` per logical device.
 
-Each source tensor is read once (from memory or, for a deferred source, from its file),
-cut into the shards every device holds, appended to those devices' archives and dropped
-before the next is read: the memory this takes is about one source tensor, whatever the
-model's size.
+A shard that is one contiguous run of a tensor its source file holds as stored (a whole
+tensor or rows of it, same dtype) is copied from the file into the archive without being
+read into memory. Any other source tensor (converted, reordered, or cut by columns) is read
+once, cut into the shards every device holds, appended to those devices' archives and
+dropped before the next is read: the memory this takes is about one source tensor, whatever
+the model's size.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ def write_archives(directory: Path, weights: ExportedWeights, progress: Callable
     with contextlib.ExitStack() as stack:
         writers = {d: stack.enter_context(IrpaWriter(directory / archive_name(d))) for d in sorted(weights.archives)}
         for name in source.names():
-            if name not in located:
-                continue
-            data = source.read(name)
-            for device, external, shard in located[name]:
-                writers[device].add(external, source.view_of(shard, name, data))
+            data = None
+            for device, external, shard in located.get(name, ()):
+                span = source.file_range(shard, name)
+                if span is not None:
+                    writers[device].add_range(external, *span, shard.dtype, shard.shape)
+                else:
+                    data = source.read(name) if data is None else data
+                    writers[device].add(external, source.view_of(shard, name, data))
                 done += shard.numel() * shard.element_size()
             del data
             if time.monotonic() - last > 5:

@@ -50,6 +50,7 @@ _LAYER_NAMES = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
+_ROTARY = re.compile(r"\.(q|k)_proj\.(weight|bias)$")  # the tensors _interleave_rotary reorders
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -137,7 +138,9 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
         return _interleave_rotary(name, infos[name].read(path), config, to_gguf=False).contiguous()
 
     specs = {n: (infos[n].shape, infos[n].dtype) for n in llama_shapes(config)}
-    return config, WeightSource(specs, read, label=str(path))
+    # Every tensor but q and k (reordered from llama.cpp's rotary layout) is stored as read.
+    spans = {n: (str(path), infos[n].offset) for n in specs if not _ROTARY.search(n)}
+    return config, WeightSource(specs, read, spans=spans, label=str(path))
 
 
 def _metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import torch
@@ -53,7 +54,11 @@ def hf_checkpoint_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSo
         name, reason = problem
         raise WeightsError(reason, path=where.get(name) or listed.get(name) or _source(directory), tensor=name)
     ordered = {name: specs[name] for name in llama_shapes(config)}
-    return config, WeightSource(ordered, lambda name: _read_tensor(where[name], name), label=str(directory))
+    offsets: dict[str, int] = {}
+    for file in set(where.values()):
+        offsets.update({n: o for n, o in _data_offsets(file).items() if where.get(n) == file})
+    spans = {name: (str(where[name]), offsets[name]) for name in ordered if name in offsets}
+    return config, WeightSource(ordered, lambda name: _read_tensor(where[name], name), spans=spans, label=str(directory))
 
 
 def _read_config(file: Path) -> LlamaConfig:
@@ -123,6 +128,20 @@ def _read_headers(file: Path, names: list[str] | None) -> dict[str, tuple[tuple[
     except Exception as e:  # safetensors raises SafetensorError, OSError or ValueError by case
         raise WeightsError(f"not a readable safetensors file: {e}", path=file, tensor=current) from None
     return out
+
+
+def _data_offsets(file: Path) -> dict[str, int]:
+    """Where each tensor's bytes start in a safetensors file: after the 8-byte little-endian
+    header length and the JSON header, at the tensor's ``data_offsets[0]`` (the format's own
+    layout; the library reads headers but does not expose these). Unusable headers give {}:
+    the tensors are then read through the library."""
+    try:
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        return {name: 8 + length + int(info["data_offsets"][0]) for name, info in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+        return {}
 
 
 def _read_tensor(file: Path, name: str) -> torch.Tensor:

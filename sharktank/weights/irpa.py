@@ -42,15 +42,17 @@ def save_irpa(path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], meta
 class IrpaWriter:
     """Writes an irpa archive one tensor at a time, holding none of them in memory.
 
-    Each :meth:`add` appends the tensor's bytes to a scratch file beside ``path``; on a clean
-    exit from the ``with`` block the archive is built from that file (IREE copies the ranges)
-    and renamed into place, and the scratch file is removed. On an error neither is left.
+    :meth:`add` appends a tensor's bytes to a scratch file beside ``path``; :meth:`add_range`
+    names a byte range of another file that already holds a tensor as stored (a checkpoint's
+    safetensors), which is never read into memory. On a clean exit from the ``with`` block the
+    archive is built from those files (IREE copies the ranges) and renamed into place, and the
+    scratch file is removed. On an error neither is left.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, Any] | None = None):
         self.path = Path(path)
         self.metadata = metadata
-        self._entries: list[tuple[str, int, int, str]] = []  # name, offset, length, metadata
+        self._entries: list[tuple[str, str | None, int, int, str]] = []  # name, file (None: scratch), offset, length, metadata
         self._names: set[str] = set()
         self._scratch = None
         self._file = None
@@ -61,45 +63,58 @@ class IrpaWriter:
         self._file = open(self._scratch, "wb")
         return self
 
-    def add(self, name: str, t: torch.Tensor) -> None:
-        """Append one tensor (its bytes are written now; the tensor may be freed after)."""
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"irpa entry {name!r} must be a torch.Tensor, found {type(t).__name__}")
+    def _entry(self, name: str, file: str | None, offset: int, length: int, dtype: torch.dtype, shape) -> None:
         if name == METADATA_KEY:
             raise ValueError(f"{METADATA_KEY!r} is reserved for the archive metadata")
         if name in self._names:
             raise ValueError(f"irpa entry {name!r} added twice")
-        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        self._file.write(data)
-        info = {"type": "Tensor", "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
-        self._entries.append((name, self._offset, data.nbytes, _PREFIX + json.dumps(info)))
+        info = {"type": "Tensor", "dtype": _dtype_name(dtype), "shape": list(shape)}
+        self._entries.append((name, file, offset, length, _PREFIX + json.dumps(info)))
         self._names.add(name)
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        """Append one tensor (its bytes are written now; the tensor may be freed after)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"irpa entry {name!r} must be a torch.Tensor, found {type(t).__name__}")
+        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        self._entry(name, None, self._offset, data.nbytes, t.dtype, t.shape)
+        self._file.write(data)
         self._offset += data.nbytes
+
+    def add_range(self, name: str, file: str | os.PathLike, offset: int, length: int, dtype: torch.dtype, shape) -> None:
+        """An entry whose bytes are ``length`` bytes of ``file`` at ``offset`` (a tensor of
+        ``dtype`` and ``shape`` stored row-major); copied when the archive is built."""
+        count = int(np.prod(list(shape), dtype=np.int64))
+        if count * dtype.itemsize != length:
+            raise ValueError(f"irpa entry {name!r}: {length} bytes for {_dtype_name(dtype)} {list(shape)}, expected {count * dtype.itemsize}")
+        self._entry(name, str(file), offset, length, dtype, shape)
 
     def __exit__(self, kind, value, tb) -> None:
         from iree.runtime import FileHandle, ParameterIndex
 
+        fds: dict[str | None, int] = {}
         try:
             self._file.close()
             if kind is not None:
                 return
             index = ParameterIndex()
-            fd = os.open(self._scratch, os.O_RDONLY)
-            try:
-                handle = FileHandle.wrap_fd(fd)
-                for name, offset, length, meta in self._entries:
-                    if length:
-                        index.add_from_file_handle(name, handle, length, offset, meta)
-                    else:  # a zero-length range is not a valid file span
-                        index.add_buffer(name, b"", metadata=meta)
-                if self.metadata is not None:
-                    index.add_buffer(METADATA_KEY, json.dumps(self.metadata).encode(), metadata="JSON")
-                with atomic_file(self.path) as tmp:
-                    index.create_archive_file(str(tmp))
-                del index, handle
-            finally:
-                os.close(fd)
+            handles = {}
+            for file in {e[1] for e in self._entries}:
+                fds[file] = os.open(self._scratch if file is None else file, os.O_RDONLY)
+                handles[file] = FileHandle.wrap_fd(fds[file])
+            for name, file, offset, length, meta in self._entries:
+                if length:
+                    index.add_from_file_handle(name, handles[file], length, offset, meta)
+                else:  # a zero-length range is not a valid file span
+                    index.add_buffer(name, b"", metadata=meta)
+            if self.metadata is not None:
+                index.add_buffer(METADATA_KEY, json.dumps(self.metadata).encode(), metadata="JSON")
+            with atomic_file(self.path) as tmp:
+                index.create_archive_file(str(tmp))
+            del index, handles
         finally:
+            for fd in fds.values():
+                os.close(fd)
             self._scratch.unlink(missing_ok=True)
 
 
@@ -130,7 +145,7 @@ def irpa_source(path: str | os.PathLike) -> WeightSource:
             raise WeightsError(f"file ends {length - len(data)} bytes into this tensor", path=path, tensor=name)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape) if length else torch.empty(shape, dtype=dtype)
 
-    return WeightSource(specs, read, label=str(path))
+    return WeightSource(specs, read, spans={n: (str(path), off) for n, (off, _) in spans.items()}, label=str(path))
 
 
 def load_irpa_metadata(path: str | os.PathLike) -> dict[str, Any] | None:

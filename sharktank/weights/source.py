@@ -32,12 +32,24 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class WeightSource:
     """Placeholder weights (``.theta``) and the function that reads each one's bytes."""
 
-    def __init__(self, specs: Mapping[str, Spec], read: Callable[[str], torch.Tensor], *, deferred: bool = True, label: str = ""):
+    def __init__(
+        self,
+        specs: Mapping[str, Spec],
+        read: Callable[[str], torch.Tensor],
+        *,
+        spans: Mapping[str, tuple[str, int]] | None = None,
+        deferred: bool = True,
+        label: str = "",
+    ):
         """``specs``: name -> (shape, dtype) in model order; ``read(name)``: the tensor, a fresh
-        in-memory copy of that shape and dtype."""
+        in-memory copy of that shape and dtype. ``spans``: name -> (file, byte offset) for the
+        tensors a file holds exactly as ``read`` returns them (same dtype, row-major), which a
+        writer may copy from the file without reading them into memory."""
         self.deferred = deferred
         self.label = label
+        self.reads = 0  # tensors read into memory (tests count them)
         self._read = read
+        self._spans = dict(spans or {})
         self.theta = Theta({n: _placeholder(tuple(s), d) for n, (s, d) in specs.items()})
         self._index()
 
@@ -45,7 +57,7 @@ class WeightSource:
     def of(cls, theta: Theta, label: str = "") -> "WeightSource":
         """Weights already in memory (plain tensors): the placeholders are the tensors."""
         src = cls.__new__(cls)
-        src.deferred, src.label = False, label
+        src.deferred, src.label, src.reads, src._spans = False, label, 0, {}
         src.theta = theta
         src._read = lambda name: theta[name]
         src._index()
@@ -66,8 +78,9 @@ class WeightSource:
         if not self.deferred:
             return WeightSource.of(self.theta.map(lambda _, t: convert(t)), self.label)
         specs = {n: (tuple(t.shape), dtype if t.is_floating_point() else t.dtype) for n, t in self.theta.items()}
+        spans = {n: span for n, span in self._spans.items() if specs[n][1] == self.theta[n].dtype}  # unconverted
         read = self._read
-        return WeightSource(specs, lambda name: convert(read(name)), label=self.label)
+        return WeightSource(specs, lambda name: convert(read(name)), spans=spans, label=self.label)
 
     def names(self) -> Iterable[str]:
         return self.theta.keys()
@@ -75,10 +88,22 @@ class WeightSource:
     def read(self, name: str) -> torch.Tensor:
         """The bytes of ``name``: a contiguous tensor of its placeholder's shape and dtype."""
         want = self.theta[name]
+        self.reads += 1
         t = self._read(name)
         if tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
             raise ValueError(f"{self.label}: {name} read as {t.dtype} {list(t.shape)}, declared {want.dtype} {list(want.shape)}")
         return t.contiguous()
+
+    def file_range(self, t: torch.Tensor, name: str) -> tuple[str, int, int] | None:
+        """``(file, offset, length)`` of the bytes of ``t`` (a view of the placeholder ``name``)
+        in the source file, when the file holds ``name`` as read and ``t`` is one contiguous
+        run of it (the whole tensor, or rows of it); else None."""
+        span = self._spans.get(name)
+        base = self.theta[name]
+        if span is None or not t.is_contiguous() or not base.is_contiguous():
+            return None
+        path, offset = span
+        return path, offset + (t.storage_offset() - base.storage_offset()) * t.element_size(), t.numel() * t.element_size()
 
     def locate(self, t: torch.Tensor) -> str | None:
         """The name of the weight whose storage ``t`` views (a shard of it), or None."""

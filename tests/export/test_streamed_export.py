@@ -60,6 +60,12 @@ def test_streamed_archives_equal_in_memory_ones_and_store_the_tied_embedding_onc
     assert lazy.source.deferred
     streamed = tmp_path / "streamed"
     export_artifact(lazy, streamed, source=str(ckpt), max_seq_len=32, compile=False)
+    # Shards that are whole tensors or rows of one, stored as read, are copied from the file
+    # unread: at tp 1 nothing is read (GGUF: q and k, reordered from llama.cpp's layout); at
+    # tp 2 the row-parallel o and down weights (cut by columns) are read too.
+    layers = SMALL["num_hidden_layers"]
+    expected_reads = (2 * layers if kind == "gguf" else 0) + (2 * layers if tp > 1 else 0)
+    assert lazy.source.reads == expected_reads
     # The in-memory reference: the same shards, cut from weights that were read whole.
     eager = load_model(ckpt, tp=tp)
     want = {}
