@@ -17,11 +17,18 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = 
     """Inverse frequencies ``theta ** (-2i / head_dim)`` for i < head_dim / 2 (float32).
 
     llama3 scaling keeps high frequencies, divides low ones by ``factor`` and blends the band
-    between by the wavelength's position in the original context.
+    between by the wavelength's position in the original context. ``{"rope_type": "factors",
+    "factors": [...]}`` divides frequency ``i`` by ``factors[i]`` (llama.cpp's ``rope_freqs``
+    tensor: the same scaling, precomputed per frequency).
     """
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     if scaling is None:
         return inv
+    if scaling.get("rope_type") == "factors":
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv.shape:
+            raise ValueError(f"rope factors: {factors.numel()} given, head_dim {head_dim} has {inv.numel()} frequencies")
+        return inv / factors
     factor = scaling["factor"]
     lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
     context = scaling["original_max_position_embeddings"]

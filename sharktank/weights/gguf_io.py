@@ -7,9 +7,11 @@ embedding: :func:`save_gguf` interleaves from the Hugging Face layout and
 GGUF lists dims fastest-first (ggml ``ne``); the ``gguf`` library reverses them to numpy
 order on both sides, which is the torch order used here.
 
-llama3 rope scaling has no llama.cpp metadata keys (llama.cpp bakes it into a
-``rope_freqs`` tensor), so it is kept under ``sharktank.rope_scaling.*``. The files carry
-no tokenizer.
+llama3 rope scaling has no llama.cpp metadata keys: llama.cpp's converter bakes it into a
+``rope_freqs`` tensor of per-frequency divisors, which loads as a config with
+``rope_scaling={"rope_type": "factors", "factors": [...]}`` (the same frequencies). This
+writer keeps llama3's own parameters under ``sharktank.rope_scaling.*`` instead, and writes
+``rope_freqs`` for a "factors" config. The files carry no tokenizer.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .theta import Theta
 __all__ = ["load_gguf", "gguf_source", "save_gguf"]
 
 ARCH = "llama"
+ROPE_FREQS = "rope_freqs.weight"
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -84,6 +87,9 @@ def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> Non
             ggml = GGMLQuantizationType[_GGML_TYPES[t.dtype]]
             array = data.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else data.numpy()
             writer.add_tensor(_to_gguf_name(name), array, raw_dtype=ggml)
+        if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "factors":
+            # As llama.cpp's converter stores llama3 scaling: one divisor per rotary frequency.
+            writer.add_tensor(ROPE_FREQS, np.asarray(config.rope_scaling["factors"], dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -118,10 +124,10 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
     if fields.get("general.architecture") != ARCH:
         raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected {ARCH!r}", path=path)
     infos: dict[str, _TensorInfo] = {}
-    rope_freqs = False
+    rope_freqs = None
     for rt in reader.tensors:
-        if rt.name == "rope_freqs.weight":  # llama.cpp's baked llama3 scaling; see _config
-            rope_freqs = True
+        if rt.name == ROPE_FREQS:  # llama.cpp's llama3 scaling, precomputed per frequency
+            rope_freqs = _tensor_info(path, rt)
             continue
         hf_name = _to_hf_name(rt.name)
         if hf_name is None:
@@ -159,14 +165,28 @@ def _metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:
         f"{ARCH}.rope.freq_base": ("float32", config.rope_theta),
         f"{ARCH}.rope.dimension_count": ("uint32", config.head_dim),
     }
-    if config.rope_scaling is not None:
+    if config.rope_scaling is not None and config.rope_scaling["rope_type"] != "factors":  # factors: a rope_freqs tensor
         m[_SCALING_PREFIX + "type"] = ("string", config.rope_scaling["rope_type"])
         for k in _SCALING_KEYS:
             m[_SCALING_PREFIX + k] = ("float64", float(config.rope_scaling[k]))
     return m
 
 
-def _config(path, fields: dict[str, Any], tensors: dict[str, "_TensorInfo"], rope_freqs: bool) -> LlamaConfig:
+def _rope_factors(path, info: "_TensorInfo", fields: dict[str, Any]) -> list[float]:
+    """The per-frequency divisors of a ``rope_freqs`` tensor, checked against the head size."""
+    key_length = fields.get(f"{ARCH}.attention.key_length") or fields.get(f"{ARCH}.rope.dimension_count")
+    if key_length is None:
+        key_length = int(fields[f"{ARCH}.embedding_length"]) // int(fields[f"{ARCH}.attention.head_count"])
+    want = int(key_length) // 2
+    if info.dtype != torch.float32 or info.shape != (want,):
+        raise WeightsError(f"is {info.dtype} {list(info.shape)}; expected float32 [{want}] (one factor per rotary frequency)", path=path, tensor=ROPE_FREQS)
+    factors = info.read(path)
+    if not bool((factors > 0).all()) or not bool(factors.isfinite().all()):
+        raise WeightsError("holds a factor that is not a positive finite number", path=path, tensor=ROPE_FREQS)
+    return [float(f) for f in factors]
+
+
+def _config(path, fields: dict[str, Any], tensors: dict[str, "_TensorInfo"], rope_freqs: "_TensorInfo | None") -> LlamaConfig:
     def need(key: str) -> Any:
         if key not in fields:
             raise WeightsError(f"metadata key {key!r} is missing", path=path)
@@ -180,9 +200,12 @@ def _config(path, fields: dict[str, Any], tensors: dict[str, "_TensorInfo"], rop
         scaling = {"rope_type": fields[_SCALING_PREFIX + "type"]}
         scaling.update({k: need(_SCALING_PREFIX + k) for k in _SCALING_KEYS})
         scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
-    elif rope_freqs or any(k.startswith(f"{ARCH}.rope.scaling.") for k in fields):
-        # A file from llama.cpp's converter: the scaling parameters are not recoverable.
-        raise WeightsError("has rope scaling without sharktank.rope_scaling.* keys; cannot recover it", path=path)
+    elif rope_freqs is not None:
+        # llama.cpp's converter writes Llama 3.1+'s llama3 scaling as these factors alone.
+        scaling = {"rope_type": "factors", "factors": _rope_factors(path, rope_freqs, fields)}
+    elif any(k.startswith(f"{ARCH}.rope.scaling.") for k in fields):
+        kind = fields.get(f"{ARCH}.rope.scaling.type", "?")
+        raise WeightsError(f"rope scaling {kind!r} is not supported (supported: llama3, as sharktank.rope_scaling.* keys or a {ROPE_FREQS} tensor)", path=path)
     try:
         return LlamaConfig(
             vocab_size=tensors["model.embed_tokens.weight"].shape[0],

@@ -93,3 +93,40 @@ def test_unknown_sources_are_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(WeightsError, match="neither config.json nor theta.json"):
         load_model(tmp_path / "empty")
+
+
+def test_llama_cpp_rope_freqs_file_matches_the_llama3_model(tmp_path):
+    # llama.cpp's converter stores Llama 3.1+'s llama3 scaling only as a rope_freqs tensor of
+    # per-frequency divisors. Build those divisors from transformers' own llama3 frequencies,
+    # write the file that way (no sharktank.rope_scaling.* keys) and load it: the logits are
+    # the transformers llama3 model's, for positions past the original context as well.
+    from dataclasses import replace
+
+    from gguf import GGUFReader
+
+    ref, config, theta = hf_llama(rope_scaling=True)
+    scaled = ref.model.rotary_emb.inv_freq.float()
+    head_dim = config.head_dim
+    plain = 1.0 / (config.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    assert not torch.allclose(plain, scaled)  # the scaling changes some frequencies
+    factors = (plain / scaled).tolist()
+    path = tmp_path / "llama3.gguf"
+    save_gguf(path, replace(config, rope_scaling={"rope_type": "factors", "factors": factors}), theta)
+    reader = GGUFReader(path)
+    assert "rope_freqs.weight" in [t.name for t in reader.tensors]
+    assert not [k for k in reader.fields if "rope_scaling" in k or "rope.scaling" in k]
+    tokens = torch.randint(0, 64, (1, 48), generator=torch.Generator().manual_seed(1))  # past 40 = the original context
+    with torch.no_grad():
+        want = ref(tokens).logits
+    for tp in (1, 2):
+        assert_logits_match(load_model(path, tp=tp).prefill(tokens), want)
+
+
+def test_rope_freqs_of_the_wrong_size_is_refused(tmp_path):
+    from dataclasses import replace
+
+    _, config, theta = hf_llama(rope_scaling=True)
+    path = tmp_path / "bad.gguf"
+    save_gguf(path, replace(config, rope_scaling={"rope_type": "factors", "factors": [1.0] * 3}), theta)
+    with pytest.raises(WeightsError, match=r"bad\.gguf.*rope_freqs\.weight.*expected float32 \[8\]"):
+        load_model(path)
