@@ -1,8 +1,10 @@
-"""Sharded tensor types and placements. This layer knows nothing of ``sharktank.ops``."""
+"""Sharded tensor types, placements and GGML-quantized tensors. This layer knows nothing of
+``sharktank.ops``."""
 
 from .equality import is_deep_equal
 from .placement import Partial, Placement, Replicate, ShardingSpec, Split, split_sizes
 from .pytree import register_pytree_nodes
+from .quantized import LAYOUTS, BlockLayout, QuantizationError, QuantizedTensor
 from .sharded import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 
 register_pytree_nodes()
@@ -19,4 +21,8 @@ __all__ = [
     "Partial",
     "ShardingSpec",
     "split_sizes",
+    "QuantizedTensor",
+    "BlockLayout",
+    "LAYOUTS",
+    "QuantizationError",
 ]

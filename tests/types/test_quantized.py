@@ -1,0 +1,69 @@
+"""GGML block layouts against the gguf package's own dequantizer (the oracle, not our code)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sharktank.types import LAYOUTS, QuantizationError, QuantizedTensor
+
+# Where each layout keeps its float16 scales (random bytes there could be inf or NaN).
+_SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def _random_blocks(name: str, count: int, seed: int) -> np.ndarray:
+    """``count`` valid blocks: random bytes, with finite random float16 scales."""
+    rng = np.random.default_rng(seed)
+    layout = LAYOUTS[name]
+    raw = rng.integers(0, 256, size=(count, layout.block_bytes), dtype=np.uint8)
+    for off in _SCALE_OFFSETS[name]:
+        scales = rng.uniform(-3, 3, count).astype(np.float16)
+        raw[:, off : off + 2] = np.frombuffer(scales.tobytes(), np.uint8).reshape(count, 2)
+    return raw
+
+
+def test_layouts_agree_with_gguf_sizes():
+    for name, layout in LAYOUTS.items():
+        assert (layout.block_size, layout.block_bytes) == gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@given(rows=st.integers(1, 3), blocks=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_dequantize_equals_gguf(name, rows, blocks, seed):
+    layout = LAYOUTS[name]
+    raw = _random_blocks(name, rows * blocks, seed)
+    want = gguf.quants.dequantize(raw.reshape(rows, blocks * layout.block_bytes), GGMLQuantizationType[name])
+    t = QuantizedTensor(name, (rows, blocks * layout.block_size), torch.from_numpy(raw.copy()))
+    got = t.dequantize()
+    assert got.shape == (rows, blocks * layout.block_size) and got.dtype == torch.float32
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)))
+
+
+def test_q8_0_of_real_weights_roundtrips_within_its_step():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    raw = gguf.quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    t = QuantizedTensor("Q8_0", w.shape, torch.from_numpy(raw.copy()), name="w")
+    # Each block of 32 is scaled to int8 (an error of at most half a step, max|block| / 254)
+    # by a float16 scale (relative rounding 2**-11, times |q| <= 127 steps: max|block| / 2**11).
+    amax = w.reshape(8, 2, 32).abs().amax(-1, keepdim=True)
+    err = (t.dequantize() - w).reshape(8, 2, 32).abs()
+    assert bool((err <= amax / 254 + amax / 2**11).all())
+    assert err.max() > 0  # it is quantized
+    assert t.dequantize(torch.float16).dtype == torch.float16 and t.nbytes == 8 * 2 * 34
+
+
+def test_bad_blocks_are_refused_naming_the_tensor():
+    ok = torch.zeros(2 * 34, dtype=torch.uint8)
+    with pytest.raises(QuantizationError, match=r"blk\.0\.attn_q\.weight: quantization 'Q3_K' is not supported; supported: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"):
+        QuantizedTensor("Q3_K", (1, 64), ok, name="blk.0.attn_q.weight")
+    with pytest.raises(QuantizationError, match=r"w: shape \[1, 48\]: the last dim must be a multiple of Q8_0's block size 32"):
+        QuantizedTensor("Q8_0", (1, 48), ok, name="w")
+    with pytest.raises(QuantizationError, match=r"w: Q8_0 \[1, 64\] needs 68 bytes .* found 67"):
+        QuantizedTensor("Q8_0", (1, 64), ok[:-1], name="w")
+    with pytest.raises(QuantizationError, match="uint8 tensor, found torch.int8"):
+        QuantizedTensor("Q8_0", (1, 64), ok.view(torch.int8), name="w")
