@@ -106,19 +106,32 @@ class LlamaModel:
         ``positions`` are taken to live on the path's first device and are copied from there
         to every other device that reads them (a few bytes each), so no device reads
         another's memory and a compiler knows where every value lives."""
-        c = self.config
-        plan = self.plan
         stages = stages or self.stages
-        first = stages[0][plan.paths[path][0]]
-        home = (self.input_device(path),)
-        tokens, positions = ReplicatedTensor(ts=[tokens], devices=home), ReplicatedTensor(ts=[positions], devices=home)
-        x = ops.embedding_lookup(ops.replicate(tokens, devices=first.devices), first.embed)
+        route = self.plan.paths[path]
+        home = self.input_device(path)
+        x = self.embed(tokens, home, stages[0][route[0]])
+        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages)
+        return self.head(x, stages[-1][route[-1]]), new_entries
+
+    def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
+        """The first stage's embedding of ``tokens`` (living on device ``home``), on that
+        stage's devices."""
+        tokens = ReplicatedTensor(ts=[tokens], devices=(home,))
+        return ops.embedding_lookup(ops.replicate(tokens, devices=weights.devices), weights.embed)
+
+    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0):
+        """The residual stream ``x`` through the blocks of stages ``first ..
+        first + len(stages) - 1`` of ``path`` (``stages[i]``: the replicas of stage
+        ``first + i``; ``entries``: the cache entries of exactly those blocks), with
+        ``positions`` living on device ``home``: ``(x, new cache entries)``."""
+        c = self.config
+        positions = ReplicatedTensor(ts=[positions], devices=(home,))
         new_entries = []
         block = 0
         # Device group -> positions, rotary cos and sin, causal mask there (once per group).
         per_group: dict[tuple[int, ...], tuple] = {}
-        for stage, r in enumerate(plan.paths[path]):
-            weights = stages[stage][r]
+        for i, replicas in enumerate(stages):
+            weights = replicas[self.plan.paths[path][first + i]]
             if weights.devices not in per_group:
                 pos = ops.replicate(positions, devices=weights.devices)
                 angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
@@ -138,8 +151,12 @@ class LlamaModel:
                 x = ops.add(x, swiglu_ffn(h, w["gate"], w["up"], w["down"], w.get("gate_bias"), w.get("up_bias"), w.get("down_bias")))
                 new_entries.append(kv)
                 block += 1
-        x = ops.rms_norm(x, weights.norm, epsilon=c.rms_norm_eps)
-        return ops.unshard(ops.linear(x, weights.lm_head)), new_entries
+        return x, new_entries
+
+    def head(self, x, weights) -> torch.Tensor:
+        """Final norm and LM head (the last stage's ``weights``): logits as one plain tensor."""
+        x = ops.rms_norm(x, weights.norm, epsilon=self.config.rms_norm_eps)
+        return ops.unshard(ops.linear(x, weights.lm_head))
 
     def input_device(self, path: int) -> int:
         """The device a microbatch's tokens and positions live on: its path's first device."""
