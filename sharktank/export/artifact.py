@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Callable
 
 from ..models.llama.model import LlamaModel
+from ..parallel import ParallelPlan
 from ..weights._files import atomic_dir, atomic_file, sha256_file
 from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import TARGETS, compile_flags, compile_mlir
-from .llama import SCOPE, export_llama
+from .llama import SCOPE, ExportedWeights, export_llama
 from .program import count_transfers
 
-__all__ = ["MANIFEST", "export_artifact", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
+__all__ = ["MANIFEST", "export_artifact", "write_program", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
 
 MANIFEST = "manifest.json"
 FORMAT, VERSION = "sharktank.artifact", 1
@@ -91,6 +92,18 @@ def _compile_section(mlir: str, device_count: int, target: str, target_arch: str
     return vmfb, info
 
 
+def checked_length(model: LlamaModel, max_seq_len: int | None, batch_sizes: tuple[int, ...], target: str, progress: Callable[[str], None]) -> int:
+    """The KV-cache length to export (see :func:`export_artifact`); refuses an unknown target."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
+    max_seq_len, note = resolve_max_seq_len(
+        model.config, max_seq_len, batch_sizes, model.dtype,
+        weight_bytes=model.source.theta.nbytes(), memory_bytes=host_memory_bytes() if target == "cpu" else None,
+    )
+    progress(note)
+    return max_seq_len
+
+
 def export_artifact(
     model: LlamaModel,
     output_dir: str | Path,
@@ -110,14 +123,8 @@ def export_artifact(
     :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
     a cache that with the weights would not fit in this host's memory (CPU target), raises
     :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; expected one of {sorted(TARGETS)}")
     plan = model.plan
-    max_seq_len, note = resolve_max_seq_len(
-        model.config, max_seq_len, tuple(batch_sizes), model.dtype,
-        weight_bytes=model.source.theta.nbytes(), memory_bytes=host_memory_bytes() if target == "cpu" else None,
-    )
-    progress(note)
+    max_seq_len = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
     t0 = time.perf_counter()
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
@@ -127,33 +134,60 @@ def export_artifact(
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
     with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
-        (tmp / "model.mlir").write_text(mlir)
-        files = write_archives(tmp, weights, progress)
-        progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
-        compile_info = None
-        if compile:
-            progress(f"compiling for {target} ({plan.device_count} devices)")
-            vmfb, compile_info = _compile_section(mlir, plan.device_count, target, target_arch, tuple(extra_flags))
-            (tmp / "model.vmfb").write_bytes(vmfb)
-            progress(f"compiled in {compile_info['seconds']:.1f} s")
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
-            "parallel": plan.to_dict(),
-            "device_count": plan.device_count,
-            "functions": specs,
-            "transfers": transfers_per_function(mlir),
-            "parameters": {"scope": SCOPE, "files": files},
-            "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None},
-            "export_seconds": round(export_seconds, 3),
-            "compile": compile_info,
-            "versions": versions(),
-        }
-        if compile:
-            manifest["module"]["vmfb_sha256"] = sha256_file(tmp / "model.vmfb")
-            manifest["module"]["vmfb_size"] = (tmp / "model.vmfb").stat().st_size
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        return write_program(
+            tmp, model, plan, mlir, weights, specs, source=source, export_seconds=export_seconds, target=target,
+            target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
+        )
+
+
+def write_program(
+    directory: Path,
+    model: LlamaModel,
+    plan: ParallelPlan,
+    mlir: str,
+    weights: ExportedWeights,
+    specs: dict,
+    *,
+    source: str,
+    export_seconds: float,
+    target: str,
+    target_arch: str | None,
+    extra_flags: tuple[str, ...],
+    compile: bool,
+    progress: Callable[[str], None],
+    extra: dict | None = None,
+) -> dict:
+    """Write one program over ``plan``'s devices into ``directory``: ``model.mlir``, the
+    per-device archives, ``model.vmfb`` (when ``compile``) and ``manifest.json`` (with
+    ``extra``'s fields added); returns the manifest."""
+    (directory / "model.mlir").write_text(mlir)
+    files = write_archives(directory, weights, progress)
+    progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
+    compile_info = None
+    if compile:
+        progress(f"compiling for {target} ({plan.device_count} devices)")
+        vmfb, compile_info = _compile_section(mlir, plan.device_count, target, target_arch, extra_flags)
+        (directory / "model.vmfb").write_bytes(vmfb)
+        progress(f"compiled in {compile_info['seconds']:.1f} s")
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+        "parallel": plan.to_dict(),
+        "device_count": plan.device_count,
+        "functions": specs,
+        "transfers": transfers_per_function(mlir),
+        "parameters": {"scope": SCOPE, "files": files},
+        "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None},
+        "export_seconds": round(export_seconds, 3),
+        "compile": compile_info,
+        "versions": versions(),
+        **(extra or {}),
+    }
+    if compile:
+        manifest["module"]["vmfb_sha256"] = sha256_file(directory / "model.vmfb")
+        manifest["module"]["vmfb_size"] = (directory / "model.vmfb").stat().st_size
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 
 

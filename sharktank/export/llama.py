@@ -33,7 +33,7 @@ from ..types import ShardedTensor
 from ..weights import WeightSource
 from .program import arg_devices
 
-__all__ = ["ExportedWeights", "lift_weights", "export_llama", "SCOPE"]
+__all__ = ["ExportedWeights", "lift_weights", "export_llama", "trace_program", "import_programs", "cache_arg_specs", "SCOPE"]
 
 SCOPE = "model"
 
@@ -57,8 +57,9 @@ class _Weights(torch.nn.Module):
     head tied to the replicated embedding) is that slice of the one parameter, and equal
     views are one parameter."""
 
-    def __init__(self, model: LlamaModel):
+    def __init__(self, model: LlamaModel, stages: list[list[StageWeights]] | None = None):
         super().__init__()
+        stages = model.stages if stages is None else stages
         self.source = model.source
         self.archives: dict[int, dict[str, torch.Tensor]] = {}
         self._attrs: dict[tuple, str] = {}  # (device, view key) -> parameter attribute
@@ -82,8 +83,8 @@ class _Weights(torch.nn.Module):
                     refs.append(self._parameter(t.name, shard, device))
             return (type(t), getattr(t, "shard_dim", None), t.devices, tuple(refs))
 
-        _map_weights(model.stages, lift_whole)
-        self.recipe = _map_weights(model.stages, lift)
+        _map_weights(stages, lift_whole)
+        self.recipe = _map_weights(stages, lift)
 
     def _parameter(self, name: str, shard: torch.Tensor, device: int) -> str:
         from iree.turbine.aot import DeviceTensorTrait, ExternalTensorTrait
@@ -154,8 +155,10 @@ def _map_weights(stages: list[list[StageWeights]], fn) -> list[list[StageWeights
     ]
 
 
-def lift_weights(model: LlamaModel) -> ExportedWeights:
-    w = _Weights(model)
+def lift_weights(model: LlamaModel, stages: list[list[StageWeights]] | None = None) -> ExportedWeights:
+    """Every weight shard of ``model`` (or of just ``stages``, some of its stages) as an
+    external parameter of one module."""
+    w = _Weights(model, stages)
     return ExportedWeights(w, w.archives, w.source)
 
 
@@ -198,6 +201,33 @@ def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
     return leaves, spec, devices
 
 
+def trace_program(fxb, forward, args: tuple, *, name: str, arg_device: dict, dynamic=None, attention_as_matmuls: bool = False) -> None:
+    """Trace ``forward`` into ``fxb`` as function ``name``."""
+    from iree.turbine.aot.decompositions import extend_aot_decompositions
+
+    # No extra decompositions: the IREE importer takes these graphs as traced, and
+    # turbine's default table re-traces every program (about half the export time).
+    # No Python stack trace per graph node either (about 10% of tracing).
+    with extend_aot_decompositions(from_current=False), _no_stack_traces(), ops.attention_as_matmuls(attention_as_matmuls):
+        fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
+
+
+def import_programs(fxb):
+    """The MLIR module of every function traced into ``fxb``."""
+    from iree.turbine import aot
+
+    with _absent_dialect_modules("iree.compiler.dialects.torch", "iree.compiler.dialects.torch_c"):
+        return aot.export(fxb)
+
+
+def cache_arg_specs(leaves: list[torch.Tensor], devices: list[int]) -> list[dict]:
+    """The manifest's argument entries of a flattened cache."""
+    return [
+        {"name": f"cache.{i}", "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "device": d}
+        for i, (x, d) in enumerate(zip(leaves, devices))
+    ]
+
+
 def export_llama(
     model: LlamaModel,
     batch_sizes: tuple[int, ...] = (1,),
@@ -210,9 +240,7 @@ def export_llama(
     ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
     what ``export_artifact`` does: faster on IREE's CPU backend, and IREE 3.10's GPU backends
     fail to compile the fused op for these models)."""
-    from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
-    from iree.turbine.aot.decompositions import extend_aot_decompositions
 
     weights = lift_weights(model)
     fxb = FxProgramsBuilder(weights.module)
@@ -259,21 +287,14 @@ def export_llama(
             if kind == "prefill":
                 s = torch.export.Dim("seq_len", min=2, max=t)
                 dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
-            # No extra decompositions: the IREE importer takes these graphs as traced, and
-            # turbine's default table re-traces every program (about half the export time).
-            # No Python stack trace per graph node either (about 10% of tracing).
-            with extend_aot_decompositions(from_current=False), _no_stack_traces(), ops.attention_as_matmuls(attention_as_matmuls):
-                fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
+            trace_program(fxb, forward, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls)
             specs[name] = {
                 "batch_size": b,
                 "args": [
                     {"name": "tokens", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
                     {"name": "positions", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
                 ]
-                + [
-                    {"name": f"cache.{i}", "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "device": d}
-                    for i, (x, d) in enumerate(zip(leaves, cache_devices))
-                ],
+                + cache_arg_specs(leaves, cache_devices),
                 "results": [
                     {
                         "name": "logits",
@@ -284,6 +305,4 @@ def export_llama(
                 + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }
-    with _absent_dialect_modules("iree.compiler.dialects.torch", "iree.compiler.dialects.torch_c"):
-        exported = aot.export(fxb)
-    return exported, weights, specs
+    return import_programs(fxb), weights, specs
