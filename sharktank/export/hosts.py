@@ -1,0 +1,212 @@
+"""Exporting a pipeline over several hosts: one multi-device program per host.
+
+``--hosts H`` gives host ``h`` the consecutive stages ``h*P/H .. (h+1)*P/H - 1`` of a
+``P``-stage plan (one device group per stage, one path), tensor-parallel inside. Each host's
+devices are numbered from 0 (in the order of their global numbers), and a host's program
+holds only its stages' weights. Layout of ``DIR``:
+
+- ``manifest.json``: format ``sharktank.hosts``: the model, the global plan, and per host its
+  directory, stages, blocks, devices (global -> local) and its manifest's sha256;
+- ``host_{h}/``: that host's program, laid out as a one-host artifact (``model.mlir``,
+  ``model.vmfb``, ``device_{d}.irpa``, ``manifest.json`` with a ``host`` field), so
+  ``sharktank compile DIR/host_{h}`` recompiles it on its own host.
+
+What crosses a host boundary is a function argument or result. Per batch size ``B``
+(``S`` dynamic in prefill, 1 in decode):
+
+- first host: ``prefill_bs{B}(tokens[B, S], positions[B, S], *cache) -> (hidden[B, S, D], *cache)``;
+- later hosts: ``(hidden[B, S, D], positions[B, S], *cache) -> (hidden | logits, *cache)``,
+  the last one returning ``logits[B, S, vocab]``.
+
+``hidden`` is one copy of the residual stream (the tensor-parallel group holds it
+replicated; the next host replicates it over its own group) in the model's dtype, bfloat16
+as its int16 bits. ``cache`` holds only that host's blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import ops
+from ..models.llama.model import LlamaModel
+from ..parallel import ParallelPlan, PlanError
+from ..types import ReplicatedTensor, ShardedTensor
+from ..weights._files import atomic_dir, sha256_file
+from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
+from .llama import cache_arg_specs, import_programs, lift_weights, trace_program
+from .program import arg_devices
+
+__all__ = ["HOSTS_FORMAT", "host_dir", "host_stages", "host_plan", "export_hosts"]
+
+HOSTS_FORMAT = "sharktank.hosts"
+
+
+def host_dir(host: int) -> str:
+    return f"host_{host}"
+
+
+def host_stages(pp: int, hosts: int) -> list[range]:
+    """The consecutive stages each host holds."""
+    if hosts < 1 or pp % hosts:
+        raise PlanError(f"--hosts {hosts} must divide the pipeline stages (pp={pp}): each host holds pp/hosts consecutive stages")
+    n = pp // hosts
+    return [range(h * n, (h + 1) * n) for h in range(hosts)]
+
+
+def host_plan(plan: ParallelPlan, hosts: int) -> tuple[ParallelPlan, list[dict[int, int]]]:
+    """``plan`` with each host's devices numbered from 0, and per host ``{global: local}``."""
+    if any(len(reps) != 1 for reps in plan.replicas) or len(plan.paths) != 1:
+        raise PlanError(
+            f"a multi-host export needs one device group per stage and one path; found "
+            f"{[len(r) for r in plan.replicas]} groups per stage and {len(plan.paths)} paths"
+        )
+    maps, replicas, owner = [], [], {}
+    for h, stages in enumerate(host_stages(plan.pp, hosts)):
+        devices = sorted({d for s in stages for d in plan.devices(s)})
+        for d in devices:
+            if owner.setdefault(d, h) != h:
+                raise PlanError(f"device {d} is used by stages of host {owner[d]} and of host {h}; hosts share no devices")
+        local = {d: i for i, d in enumerate(devices)}
+        maps.append(local)
+        replicas += [(tuple(local[d] for d in plan.devices(s)),) for s in stages]
+    return ParallelPlan(plan.tp, plan.stage_of_block, tuple(replicas), plan.paths), maps
+
+
+def _one_copy(x):
+    """One copy of a replicated residual stream (its first device's)."""
+    return x.shards[0] if isinstance(x, ShardedTensor) else x
+
+
+def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int):
+    """Trace host functions of ``model`` (a host plan) for ``stages``: ``(mlir, weights, specs)``."""
+    from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
+
+    plan, c = model.plan, model.config
+    first, last = stages[0] == 0, stages[-1] == plan.pp - 1
+    weights = lift_weights(model, [model.stages[s] for s in stages])
+    fxb = FxProgramsBuilder(weights.module)
+    home = plan.devices(stages[0])[0]
+    lo = sum(len(plan.blocks_of(s)) for s in range(stages[0]))
+    hi = lo + sum(len(plan.blocks_of(s)) for s in stages)
+    dtype = str(model.dtype).removeprefix("torch.")
+    wire = "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else dtype
+    specs: dict[str, dict] = {}
+    for b in batch_sizes:
+        entries = model.new_cache(b, t, placeholder=True).entries[0][lo:hi]
+        leaves, spec = pytree.tree_flatten(entries)
+        cache_devices = arg_devices((entries,))
+
+        def forward(module, x, positions, *cache_leaves):
+            mine = pytree.tree_unflatten(list(cache_leaves), spec)
+            held = module.stages()
+            if first:
+                h = model.embed(x, home, held[0][0])
+            else:
+                x = x.view(torch.bfloat16) if model.dtype == torch.bfloat16 else x
+                h = ops.replicate(ReplicatedTensor(ts=[x], devices=(home,)), devices=held[0][0].devices)
+            h, new = model.forward_stages(h, positions, home, mine, 0, held, first=stages[0])
+            out = model.head(h, held[-1][0]) if last else _one_copy(h)
+            if out.dtype == torch.bfloat16:
+                out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: pass the bits
+            return (out, *pytree.tree_leaves(new))
+
+        arg_device = {i: DeviceAffinity(d) for i, d in enumerate([home, home, *cache_devices])}
+        for kind, seq in (("prefill", 8), ("decode", 1)):
+            name = f"{kind}_bs{b}"
+            s_dim = "S" if kind == "prefill" else 1
+            positions = torch.arange(seq)[None, :].expand(b, seq).clone()
+            if first:
+                x = torch.zeros(b, seq, dtype=torch.int64)
+                x_spec = {"name": "tokens", "shape": [b, s_dim], "dtype": "int64", "device": home}
+            else:
+                x = torch.zeros(b, seq, c.hidden_size, dtype=torch.int16 if model.dtype == torch.bfloat16 else model.dtype)
+                x_spec = {"name": "hidden", "shape": [b, s_dim, c.hidden_size], "dtype": wire, "device": home}
+            dynamic = None
+            if kind == "prefill":
+                s = torch.export.Dim("seq_len", min=2, max=t)
+                dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
+            trace_program(fxb, forward, (x, positions, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True)
+            out = {"name": "logits", "shape": [b, s_dim, c.vocab_size], "dtype": wire} if last else {"name": "hidden", "shape": [b, s_dim, c.hidden_size], "dtype": wire}
+            specs[name] = {
+                "batch_size": b,
+                "args": [x_spec, {"name": "positions", "shape": [b, s_dim], "dtype": "int64", "device": home}, *cache_arg_specs(leaves, cache_devices)],
+                "results": [out] + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
+                "cache": {"paths": [0], "rows": [[0, b]], "max_seq_len": t},
+            }
+    return str(import_programs(fxb).mlir_module), weights, specs
+
+
+def export_hosts(
+    model: LlamaModel,
+    output_dir: str | Path,
+    hosts: int,
+    *,
+    source: str,
+    batch_sizes: tuple[int, ...] = (1,),
+    max_seq_len: int | None = None,
+    target: str = "cpu",
+    target_arch: str | None = None,
+    extra_flags: tuple[str, ...] = (),
+    compile: bool = True,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
+    """Export (and compile) ``model``'s pipeline split over ``hosts`` hosts into ``output_dir``
+    (see the module docstring); returns the top-level manifest. Written beside
+    ``output_dir`` and renamed into place, as :func:`export_artifact` does."""
+    local, maps = host_plan(model.plan, hosts)
+    t = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
+    hm = LlamaModel(model.config, model.source.theta, local, source=model.source)
+    ranges = host_stages(local.pp, hosts)
+    t0 = time.perf_counter()
+    entries = []
+    with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
+        for h, stages in enumerate(ranges):
+            progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
+            t1 = time.perf_counter()
+            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t)
+            sub = tmp / host_dir(h)
+            sub.mkdir()
+            role = {"host": h, "hosts": hosts, "stages": list(stages), "first": h == 0, "last": h == hosts - 1}
+            host_manifest = write_program(
+                sub, hm, _host_only(local, stages), mlir, weights, specs, source=source, export_seconds=time.perf_counter() - t1,
+                target=target, target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
+                extra={"host": role},
+            )
+            entries.append({
+                **role,
+                "dir": host_dir(h),
+                "blocks": [b for s in stages for b in local.blocks_of(s)],
+                "devices": sorted([g, l] for g, l in maps[h].items()),
+                "device_count": host_manifest["device_count"],
+                "transfers": host_manifest["transfers"],
+                "manifest_sha256": sha256_file(sub / MANIFEST),
+            })
+        manifest = {
+            "format": HOSTS_FORMAT,
+            "version": 1,
+            "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+            "parallel": model.plan.to_dict(),
+            "hosts": entries,
+            "boundary": {"hidden_size": model.config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."), "batch_sizes": list(batch_sizes)},
+            "export_seconds": round(time.perf_counter() - t0, 3),
+            "versions": versions(),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def _host_only(plan: ParallelPlan, stages: range) -> ParallelPlan:
+    """The part of a host plan one host runs: its stages (and its blocks) only."""
+    blocks = [b for s in stages for b in plan.blocks_of(s)]
+    return ParallelPlan(
+        plan.tp,
+        tuple(plan.stage_of_block[b] - stages[0] for b in blocks),
+        tuple(plan.replicas[s] for s in stages),
+        (tuple(plan.paths[0][s] for s in stages),),
+    )
