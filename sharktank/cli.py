@@ -12,8 +12,8 @@ from pathlib import Path
 
 from . import __version__
 
-_RECIPE_KEYS = {"model", "tp", "pp", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
-_DEFAULTS = {"tp": 1, "pp": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+_RECIPE_KEYS = {"model", "tp", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
+_DEFAULTS = {"tp": 1, "pp": None, "hosts": 1, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
 
 
 class CliError(Exception):
@@ -83,9 +83,7 @@ def cmd_export(args) -> int:
         dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]), deferred=True,
     )
     _say(args, model.plan.describe())
-    manifest = export_artifact(
-        model,
-        args.output_dir,
+    options = dict(
         source=str(s["model"]),
         batch_sizes=tuple(_ints(s["batch_sizes"], "--batch-sizes")),
         max_seq_len=s["max_seq_len"] and int(s["max_seq_len"]),
@@ -96,6 +94,9 @@ def cmd_export(args) -> int:
         progress=lambda m: _say(args, m),
     )
     out = Path(args.output_dir)
+    if int(s["hosts"]) != 1:
+        return _export_hosts(args, model, int(s["hosts"]), out, options)
+    manifest = export_artifact(model, args.output_dir, **options)
     summary = {
         "output_dir": str(out),
         "export_seconds": manifest["export_seconds"],
@@ -109,6 +110,23 @@ def cmd_export(args) -> int:
         print(json.dumps(summary))
     else:
         print(f"wrote {out}: {summary['device_count']} devices, transfers per function {summary['transfers']}")
+    return 0
+
+
+def _export_hosts(args, model, hosts: int, out: Path, options: dict) -> int:
+    from .export.hosts import export_hosts
+
+    manifest = export_hosts(model, out, hosts, **options)
+    summary = {
+        "output_dir": str(out),
+        "hosts": [{k: h[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest["hosts"]],
+        "export_seconds": manifest["export_seconds"],
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for h in manifest["hosts"]:
+            print(f"wrote {out / h['dir']}: host {h['host']}, stages {h['stages']}, {h['device_count']} devices, transfers per function {h['transfers']}")
     return 0
 
 
@@ -159,6 +177,13 @@ def _seconds_since_process_start(at: float) -> float | None:
     return uptime - start - (time.perf_counter() - at)
 
 
+def _multi_host(directory: str) -> bool:
+    try:
+        return json.loads((Path(directory) / "manifest.json").read_text()).get("format") == "sharktank.hosts"
+    except (OSError, ValueError, AttributeError):
+        return False  # the one-host reader says what is wrong
+
+
 def cmd_run(args) -> int:
     import numpy as np
     import torch
@@ -170,9 +195,20 @@ def cmd_run(args) -> int:
         raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
     tokens = torch.tensor(rows, dtype=torch.int64)
     t0 = time.perf_counter()
-    model = CompiledModel(args.dir, driver=args.driver)
+    distributed = args.distributed or _multi_host(args.dir)
+    if distributed:
+        from .runtime.distributed import DistributedEnv, DistributedModel
+
+        model = DistributedModel(args.dir, DistributedEnv.from_environ(), timeout_s=args.timeout, driver=args.driver, bind=args.bind)
+        if model.rank != 0:
+            model.serve()  # rank 0 owns the prompt and the output
+            return 0
+    else:
+        model = CompiledModel(args.dir, driver=args.driver)
     loaded = time.perf_counter()
     ids, logits = model.generate(tokens, args.max_new_tokens)
+    if distributed:
+        model.close()
     decode = [t * 1e3 for t in model.timings["decode"]]
     started = _seconds_since_process_start(loaded)
     result = {
@@ -190,6 +226,11 @@ def cmd_run(args) -> int:
         "dtype": model.manifest["model"]["dtype"],
         "driver": model.driver,
     }
+    if distributed:
+        # Bytes each rank sent, per decode step: what crossed hosts for one token.
+        steps = max(model.traffic[0]["steps"]["decode"], 1)
+        result["hosts"] = model.world_size
+        result["bytes_per_decode_token"] = {r: t["decode"] // steps for r, t in model.traffic.items()}
     if args.compare_eager:
         eager = _eager_model(model.manifest)
         eager_ids = eager.generate(tokens, args.max_new_tokens)
@@ -260,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.cache_size import DEFAULT_MAX_SEQ_LEN
     from .export.compile import TARGETS
     from .models import SOURCES_HELP
+    from .runtime.distributed import DEFAULT_TIMEOUT_S
 
     parser = argparse.ArgumentParser(
         prog="sharktank",
@@ -282,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--recipe", help="a TOML recipe (e.g. exports/toy-llama-tp2-pp2.toml); flags override its keys")
     e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
     e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
+    e.add_argument("--hosts", type=int, help="split the pipeline stages over this many hosts (must divide pp): one program per host in "
+        "DIR/host_N/, run with torchrun (default 1: one program)")
     e.add_argument("--placement", help="placement directives (JSON: place/path directives)")
     e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
     e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
@@ -314,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="IREE runtime driver (default: the one compiled for). CPU modules run on local-task "
         "(worker threads; faster for larger work) or local-sync (on the calling thread; faster for small models)",
     )
+    r.add_argument("--distributed", action="store_true", help="run one host of a multi-host artifact (`export --hosts`), reading RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT as torchrun sets them (implied for a multi-host artifact); rank 0 prints the output")
+    r.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"distributed: seconds any rank waits to join or for a message before it "
+        f"gives up naming the rank it waited for (default {DEFAULT_TIMEOUT_S:g}); a rank that exits is noticed at once")
+    r.add_argument("--bind", help="distributed: the address this rank's gloo connections listen on (default MASTER_ADDR on rank 0 or when it is "
+        "a loopback address, else the address of this host's name)")
     r.add_argument("--save-logits", help="write the logits of every step to this .npy file")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)
@@ -334,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     from .export.cache_size import CacheSizeError
     from .parallel import PlanError
     from .runtime import ArtifactError, InputError
+    from .runtime.distributed import DistributedError
     from .weights import WeightsError
 
     try:
@@ -342,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         # User errors: one line, exit 2. Anything else is a bug and keeps its traceback.
         print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except DistributedError as e:
+        # Another rank failed, hung or never joined: one line naming it, exit 3.
+        print(f"sharktank {args.command}: error: {e}", file=sys.stderr, flush=True)
+        return 3
     except Exception as e:
         # A compiler rejection (bad --compile-flag, unsupported target) is the user's input: one line.
         if type(e).__name__ != "CompilerToolError":

@@ -28,7 +28,7 @@ from ..weights._files import resolve_inside
 from .session import Session
 from .verified import VerifiedFiles
 
-__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel"]
+__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel", "generate_greedy"]
 
 
 class ArtifactError(ValueError):
@@ -48,6 +48,12 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(manifest, dict) and manifest.get("format") == "sharktank.hosts":
+        n = len(manifest.get("hosts") or ())
+        raise ArtifactError(
+            f"{directory}: a multi-host artifact ({n} hosts); run it on every host with `torchrun --nnodes {n} "
+            f"--nproc-per-node 1 ... -m sharktank.cli run {directory} ...` or `sharktank run {directory} --distributed`"
+        )
     if not isinstance(manifest, dict) or manifest.get("format") != "sharktank.artifact":
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {found!r})")
@@ -94,12 +100,20 @@ class CompiledModel:
     ``local-sync`` (inline on the calling thread, no hand-offs: faster for small models and
     many small dispatches: toy-llama-3l decode ~0.35 against ~0.6 ms on 2 cores)."""
 
+    _host_program = False  # True in the runtime of one host of a multi-host artifact
+
     def __init__(self, directory: str | Path, *, verify: bool = True, driver: str | None = None):
         from ..export.artifact import host_cpu
 
         self.directory = Path(directory)
         m = self.manifest = read_manifest(self.directory)
         mpath = self.directory / "manifest.json"
+        if isinstance(m.get("host"), dict) != self._host_program:
+            raise ArtifactError(
+                f"{self.directory}: host {m['host'].get('host')}'s program of a {m['host'].get('hosts')}-host artifact; "
+                f"run the artifact's top directory with torchrun or `sharktank run DIR --distributed`"
+                if isinstance(m.get("host"), dict) else f"{self.directory}: not one host's program of a multi-host artifact"
+            )
         if not m["module"].get("vmfb") or not m.get("compile"):
             raise ArtifactError(f"{self.directory}: not compiled yet; run `sharktank compile {self.directory}`")
         built = m["versions"].get("iree-base-compiler")
@@ -231,24 +245,30 @@ class CompiledModel:
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
-        _check_tokens(tokens)
-        if max_new_tokens < 0:
-            raise InputError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
-        b, s = tokens.shape
-        logits, cache = self.prefill(tokens)
-        steps = [logits[:, -1]]
-        ids = []
-        pos = torch.full((b,), s, dtype=torch.int64)
-        for i in range(max_new_tokens):
-            nxt = steps[-1].argmax(-1)
-            ids.append(nxt)
-            if i + 1 < max_new_tokens:
-                logits, cache = self.decode(nxt, cache, pos)
-                steps.append(logits[:, -1])
-                pos = pos + 1
-        if not ids:
-            return torch.empty(b, 0, dtype=torch.int64), logits[:, :0]
-        return torch.stack(ids, 1), torch.stack(steps, 1)
+        return generate_greedy(self, tokens, max_new_tokens)
+
+
+def generate_greedy(model, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``
+    from any model with :class:`CompiledModel`'s ``prefill`` and ``decode``."""
+    _check_tokens(tokens)
+    if max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
+    b, s = tokens.shape
+    logits, cache = model.prefill(tokens)
+    steps = [logits[:, -1]]
+    ids = []
+    pos = torch.full((b,), s, dtype=torch.int64)
+    for i in range(max_new_tokens):
+        nxt = steps[-1].argmax(-1)
+        ids.append(nxt)
+        if i + 1 < max_new_tokens:
+            logits, cache = model.decode(nxt, cache, pos)
+            steps.append(logits[:, -1])
+            pos = pos + 1
+    if not ids:
+        return torch.empty(b, 0, dtype=torch.int64), logits[:, :0]
+    return torch.stack(ids, 1), torch.stack(steps, 1)
 
 
 def _check_tokens(tokens: torch.Tensor) -> None:
