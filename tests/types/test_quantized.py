@@ -67,3 +67,21 @@ def test_bad_blocks_are_refused_naming_the_tensor():
         QuantizedTensor("Q8_0", (1, 64), ok[:-1], name="w")
     with pytest.raises(QuantizationError, match="uint8 tensor, found torch.int8"):
         QuantizedTensor("Q8_0", (1, 64), ok.view(torch.int8), name="w")
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_ops_with_a_quantized_weight_equal_dequantize_then_op(name):
+    from sharktank import ops
+
+    layout = LAYOUTS[name]
+    out_features, in_features = 6, 2 * layout.block_size
+    w = QuantizedTensor(name, (out_features, in_features), torch.from_numpy(_random_blocks(name, out_features * 2, 7)), name="w")
+    dense = w.dequantize()
+    x = torch.randn(3, 4, in_features, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(out_features)
+    assert torch.equal(ops.linear(x, w), torch.nn.functional.linear(x, dense))
+    assert torch.equal(ops.linear(x, w, bias), torch.nn.functional.linear(x, dense, bias))
+    assert torch.equal(ops.matmul(x, w, transpose_rhs=True), x @ dense.mT)
+    ids = torch.tensor([[0, 5, 2], [5, 5, 1]])
+    assert torch.equal(ops.embedding_lookup(ids, w), torch.nn.functional.embedding(ids, dense))
+    assert ops.embedding_lookup(ids, w, torch.float16).dtype == torch.float16
