@@ -162,7 +162,12 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
+        """Bytes stored (the blocks)."""
         return self.blocks.numel()
+
+    def numel(self) -> int:
+        """Values represented."""
+        return self.shape.numel()
 
     def with_blocks(self, blocks: torch.Tensor, shape=None) -> "QuantizedTensor":
         """The same layout, dtype and name over other blocks (of ``shape``, default the same)."""

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..models.llama.config import LlamaConfig
-from ..types import ShardedTensor
+from ..types import LAYOUTS, QuantizedTensor, ShardedTensor
 from ._files import atomic_file
 from .errors import WeightsError
 from .llama_layout import layout_problem, llama_shapes
@@ -80,9 +80,14 @@ def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> Non
             getattr(writer, f"add_{kind}")(key, value)
         for name in llama_shapes(config):
             t = theta[name]
+            if isinstance(t, QuantizedTensor):  # its blocks, as stored (rows reordered for q/k)
+                data = _interleave_rotary(name, t, config, to_gguf=True)
+                array = data.blocks.reshape(t.shape[0] if t.ndim > 1 else 1, -1).contiguous().numpy()
+                writer.add_tensor(_to_gguf_name(name), array, raw_dtype=GGMLQuantizationType[t.layout.name])
+                continue
             if isinstance(t, ShardedTensor) or t.dtype not in _GGML_TYPES:
                 what = type(t).__name__ if isinstance(t, ShardedTensor) else t.dtype
-                raise WeightsError(f"cannot save {what}; GGUF takes plain f32, f16 or bf16 tensors", path=path, tensor=name)
+                raise WeightsError(f"cannot save {what}; GGUF takes plain f32, f16 or bf16 tensors or QuantizedTensor ({', '.join(LAYOUTS)})", path=path, tensor=name)
             data = _interleave_rotary(name, t.detach().cpu(), config, to_gguf=True).contiguous()
             ggml = GGMLQuantizationType[_GGML_TYPES[t.dtype]]
             array = data.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else data.numpy()
@@ -140,10 +145,11 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
         name, reason = problem
         raise WeightsError(f"{reason} (Hugging Face name {name})", path=path, tensor=_to_gguf_name(name))
 
-    def read(name: str) -> torch.Tensor:
-        return _interleave_rotary(name, infos[name].read(path), config, to_gguf=False).contiguous()
+    def read(name: str):
+        t = _interleave_rotary(name, infos[name].read(path), config, to_gguf=False)
+        return t if isinstance(t, QuantizedTensor) else t.contiguous()
 
-    specs = {n: (infos[n].shape, infos[n].dtype) for n in llama_shapes(config)}
+    specs = {n: infos[n].spec for n in llama_shapes(config)}
     # Every tensor but q and k (reordered from llama.cpp's rotary layout) is stored as read.
     spans = {n: (str(path), infos[n].offset) for n in specs if not _ROTARY.search(n)}
     return config, WeightSource(specs, read, spans=spans, label=str(path))
@@ -238,25 +244,44 @@ def _f32_decimal(value: float) -> float:
 class _TensorInfo:
     gguf_name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype  # a quantized tensor's: float32, what it dequantizes to
     offset: int  # of the data in the file
     nbytes: int
+    layout: str | None = None  # the GGML block layout of a quantized tensor
 
-    def read(self, path) -> torch.Tensor:
+    @property
+    def spec(self) -> tuple:
+        return (self.shape, self.dtype) if self.layout is None else (self.shape, self.dtype, self.layout)
+
+    def read(self, path) -> torch.Tensor | QuantizedTensor:
         with open(path, "rb") as f:
             data = os.pread(f.fileno(), self.nbytes, self.offset)
         if len(data) != self.nbytes:
             raise WeightsError(f"file ends {self.nbytes - len(data)} bytes into this tensor", path=path, tensor=self.gguf_name)
+        if self.layout is not None:  # kept as the blocks the file stores
+            blocks = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            return QuantizedTensor(self.layout, self.shape, blocks, dtype=self.dtype, name=self.gguf_name)
         return torch.frombuffer(bytearray(data), dtype=self.dtype).reshape(self.shape)
+
+
+_SUPPORTED = ", ".join([*_GGML_TYPES.values(), *LAYOUTS])
 
 
 def _tensor_info(path, rt) -> _TensorInfo:
     kind = rt.tensor_type.name
-    dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
-    if dtype is None:
-        raise WeightsError(f"ggml type {kind} is not supported (only F32, F16, BF16)", path=path, tensor=rt.name)
     shape = tuple(int(d) for d in reversed(rt.shape.tolist()))
     count = int(np.prod(shape, dtype=np.int64))
+    if kind in LAYOUTS:
+        layout = LAYOUTS[kind]
+        if not shape or shape[-1] % layout.block_size:
+            raise WeightsError(f"{kind} shape {list(shape)}: the last dim is not a multiple of the block size {layout.block_size}", path=path, tensor=rt.name)
+        want = count // layout.block_size * layout.block_bytes
+        if int(rt.n_bytes) != want:
+            raise WeightsError(f"{kind} {list(shape)} needs {want} bytes of blocks, the file gives {int(rt.n_bytes)}", path=path, tensor=rt.name)
+        return _TensorInfo(rt.name, shape, torch.float32, int(rt.data_offset), want, kind)
+    dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
+    if dtype is None:
+        raise WeightsError(f"ggml type {kind} is not supported (supported: {_SUPPORTED})", path=path, tensor=rt.name)
     if int(rt.n_bytes) != count * dtype.itemsize:
         raise WeightsError(f"holds {int(rt.n_bytes) // dtype.itemsize} values for shape {list(shape)}", path=path, tensor=rt.name)
     return _TensorInfo(rt.name, shape, dtype, int(rt.data_offset), int(rt.n_bytes))
@@ -274,9 +299,12 @@ def _interleave_rotary(name: str, t: torch.Tensor, config: LlamaConfig, *, to_gg
         heads = config.num_kv_heads
     else:
         return t
-    half, rest = config.head_dim // 2, t.shape[1:]
+    half = config.head_dim // 2
     split = (heads, 2, half) if to_gguf else (heads, half, 2)
-    return t.reshape(*split, *rest).transpose(1, 2).reshape(t.shape)
+    if isinstance(t, QuantizedTensor):  # rows are whole blocks: reorder the block rows
+        b = t.blocks
+        return t.with_blocks(b.reshape(*split, *b.shape[1:]).transpose(1, 2).reshape(b.shape))
+    return t.reshape(*split, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
 def _to_gguf_name(hf: str) -> str:
