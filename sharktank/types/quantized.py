@@ -135,7 +135,7 @@ class QuantizedTensor:
             if layout not in LAYOUTS:
                 raise QuantizationError(f"{name or 'tensor'}: quantization {layout!r} is not supported; supported: {', '.join(LAYOUTS)}")
             layout = LAYOUTS[layout]
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(shape)  # no int(): a traced dim stays symbolic (a prompt's length)
         what = name or "tensor"
         if not shape or shape[-1] % layout.block_size:
             raise QuantizationError(f"{what}: shape {list(shape)}: the last dim must be a multiple of {layout.name}'s block size {layout.block_size}")
@@ -146,7 +146,7 @@ class QuantizedTensor:
         count = 1
         for d in want:
             count *= d
-        if blocks.numel() != count:
+        if blocks.numel() != count:  # exact for symbolic dims too: both sides are the same product
             raise QuantizationError(
                 f"{what}: {layout.name} {list(shape)} needs {count} bytes of blocks ({want[-2]} blocks of {layout.block_bytes} per row), found {blocks.numel()}"
             )

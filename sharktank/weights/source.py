@@ -135,9 +135,12 @@ class WeightSource:
     def view_of(self, t: torch.Tensor, name: str, data: torch.Tensor) -> torch.Tensor:
         """``t`` (a view of the placeholder ``name``) taken from ``data`` (what ``read(name)``
         returned): the same sizes, strides and offset."""
+        base = self.theta[name]
         if isinstance(t, QuantizedTensor):
-            return t.with_blocks(self._view(t.blocks, self.theta[name].blocks, data.blocks, name))
-        return self._view(t, self.theta[name], data, name)
+            return t.with_blocks(self._view(t.blocks, base.blocks, data.blocks, name))
+        if isinstance(base, QuantizedTensor):  # a view of the blocks themselves
+            return self._view(t, base.blocks, data.blocks, name)
+        return self._view(t, base, data, name)
 
     def _view(self, t: torch.Tensor, base: torch.Tensor, data: torch.Tensor, name: str) -> torch.Tensor:
         if not base.is_contiguous():
