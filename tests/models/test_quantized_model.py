@@ -39,3 +39,35 @@ def test_quantized_logits_equal_the_gguf_dequantized_model(quantized_file, tp, p
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
     assert torch.equal(model.generate(TOKENS[:1], 4), want_ids)
+
+
+def test_quantize_command_writes_q8_0_that_equals_gguf_quantized_weights(tmp_path):
+    # An HF checkpoint -> `sharktank quantize --to q8_0`: each 2-D weight holds exactly the
+    # blocks gguf.quants.quantize makes of it; the result loads and runs like them.
+    import json
+    import subprocess
+    import sys
+
+    import gguf
+    from gguf import GGMLQuantizationType
+    from reference import hf_llama
+
+    ref, config, theta = hf_llama(num_layers=2)
+    ckpt = tmp_path / "hf"
+    ref.save_pretrained(ckpt)
+    out = tmp_path / "m.gguf"
+    p = subprocess.run([sys.executable, "-m", "sharktank.cli", "quantize", "--to", "q8_0", str(ckpt), str(out), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = json.loads(p.stdout)
+    assert summary["tensors_by_type"]["Q8_0"] == 1 + 2 * 7 + 1  # embedding, 7 per block, LM head
+    loaded = load_model(out).source.theta
+    for name, t in theta.items():
+        got = loaded[name]
+        if t.ndim == 2:
+            want = gguf.quants.quantize(t.float().numpy(), GGMLQuantizationType.Q8_0)
+            assert isinstance(got, QuantizedTensor) and torch.equal(got.blocks.reshape(t.shape[0], -1), torch.from_numpy(want)), name
+        else:
+            assert torch.equal(got, t.float()), name
+    again = subprocess.run([sys.executable, "-m", "sharktank.cli", "quantize", "--to", "q8_0", str(ckpt), str(out)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "exists (--force replaces it)" in again.stderr
