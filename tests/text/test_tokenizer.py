@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharktank.text import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_from_gguf
-from tiny import CHAT_TEMPLATE, SENTENCES, reference, tiny_bpe, write_checkpoint_tokenizer, write_gguf_tokenizer
+from tiny import CHAT_TEMPLATE, SENTENCES, reference, tiny_bpe, write_checkpoint_tokenizer, write_gguf_stub, write_gguf_tokenizer
 
 # Text the tiny tokenizer covers (its byte alphabet covers any text), special tokens included.
 TEXTS = st.lists(st.sampled_from(list("The quick fox 日本語 éà🦊✨\n\t12!") + ["<s>", "</s>", "<|end|>"]), max_size=40).map("".join)
@@ -86,23 +86,14 @@ def test_gguf_tokenizer_encodes_and_decodes_like_the_original(tmp_path, add_bos)
 
 
 def test_gguf_without_or_with_an_unsupported_tokenizer_is_refused(tmp_path):
-    from gguf import GGUFWriter
-
     from sharktank.text._gguf import UnsupportedTokenizer
 
-    def write(path, model):
-        w = GGUFWriter(str(path), "llama")
-        if model:
-            w.add_tokenizer_model(model)
-            w.add_token_list(["a", "b"])
-        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-
-    write(tmp_path / "none.gguf", None)
+    write_gguf_stub(tmp_path / "none.gguf", None)
     with pytest.raises(TokenizerError, match="no tokenizer metadata"):
         tokenizer_from_gguf(tmp_path / "none.gguf")
-    write(tmp_path / "spm.gguf", "llama")
+    write_gguf_stub(tmp_path / "spm.gguf", "llama")
     with pytest.raises(UnsupportedTokenizer, match="model 'llama' is not supported; supported: 'gpt2'"):
         tokenizer_from_gguf(tmp_path / "spm.gguf")
-    write(tmp_path / "nomerges.gguf", "gpt2")
+    write_gguf_stub(tmp_path / "nomerges.gguf", "gpt2")
     with pytest.raises(TokenizerError, match="needs tokenizer.ggml.tokens and tokenizer.ggml.merges"):
         tokenizer_from_gguf(tmp_path / "nomerges.gguf")
