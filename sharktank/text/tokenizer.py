@@ -72,9 +72,9 @@ class HFTokenizer:
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         self.bos_token_id = None if bos_token_id is None else int(bos_token_id)
         self.chat_template = chat_template
-        for what, i in [("eos_token_ids", i) for i in self.eos_token_ids] + [("bos_token_id", self.bos_token_id)]:
-            if i is not None and not 0 <= i < self.vocab_size:
-                raise TokenizerError(f"{what} {i} is outside the tokenizer's vocabulary of {self.vocab_size}")
+        outside = [i for i in (*self.eos_token_ids, self.bos_token_id) if i is not None and not 0 <= i < self.vocab_size]
+        if outside:
+            raise TokenizerError(f"EOS/BOS ids {outside} are outside the tokenizer's vocabulary of {self.vocab_size}")
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs) -> HFTokenizer:
@@ -153,7 +153,9 @@ def _content(token: Any) -> str | None:
 
 
 def _id_list(value: Any) -> list[int]:
-    return [value] if isinstance(value, int) else [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+    """config.json gives ``eos_token_id`` as one id or a list of them."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def checkpoint_settings(directory: Path, vocab: dict[str, int]) -> dict:

@@ -62,7 +62,7 @@ def test_a_checkpoint_without_a_template_refuses_chat(tmp_path):
     tok = HFTokenizer(tiny_bpe())
     with pytest.raises(ValueError, match="no chat template"):
         tok.apply_chat_template(MESSAGES)
-    with pytest.raises(TokenizerError, match="outside the tokenizer's vocabulary of 400"):
+    with pytest.raises(TokenizerError, match=r"EOS/BOS ids \[400\] are outside the tokenizer's vocabulary of 400"):
         HFTokenizer(tiny_bpe(), eos_token_ids=[400])
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="not a tokenizer.json"):
