@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..types import QuantizedTensor
 from ..weights import IrpaWriter
 from ..weights._files import sha256_file
 from .llama import ExportedWeights
@@ -24,6 +25,15 @@ __all__ = ["archive_name", "write_archives"]
 
 def archive_name(device: int) -> str:
     return f"device_{device}.irpa"
+
+
+def _stored(t):
+    """The tensor an archive stores for a shard: a quantized shard's uint8 blocks."""
+    return t.blocks if isinstance(t, QuantizedTensor) else t
+
+
+def _nbytes(t) -> int:
+    return _stored(t).numel() * _stored(t).element_size()
 
 
 def write_archives(directory: Path, weights: ExportedWeights, progress: Callable[[str], None] = lambda msg: None) -> dict[str, dict]:
@@ -36,7 +46,7 @@ def write_archives(directory: Path, weights: ExportedWeights, progress: Callable
         for external, shard in entries.items():
             name = source.locate(shard)
             (located.setdefault(name, []) if name is not None else by_hand).append((device, external, shard))
-    total = sum(s.numel() * s.element_size() for e in weights.archives.values() for s in e.values())
+    total = sum(_nbytes(s) for e in weights.archives.values() for s in e.values())
     done, last = 0, time.monotonic()
     with contextlib.ExitStack() as stack:
         writers = {d: stack.enter_context(IrpaWriter(directory / archive_name(d))) for d in sorted(weights.archives)}
@@ -45,17 +55,18 @@ def write_archives(directory: Path, weights: ExportedWeights, progress: Callable
             for device, external, shard in located.get(name, ()):
                 span = source.file_range(shard, name)
                 if span is not None:
-                    writers[device].add_range(external, *span, shard.dtype, shard.shape)
+                    stored = _stored(shard)
+                    writers[device].add_range(external, *span, stored.dtype, stored.shape)
                 else:
                     data = source.read(name) if data is None else data
-                    writers[device].add(external, source.view_of(shard, name, data))
-                done += shard.numel() * shard.element_size()
+                    writers[device].add(external, _stored(source.view_of(shard, name, data)))
+                done += _nbytes(shard)
             del data
             if time.monotonic() - last > 5:
                 progress(f"parameters: {done / 1e9:.2f} of {total / 1e9:.2f} GB written")
                 last = time.monotonic()
         for device, external, shard in by_hand:
-            writers[device].add(external, shard)
+            writers[device].add(external, _stored(shard))
     files = {}
     for d in sorted(weights.archives):
         path = directory / archive_name(d)

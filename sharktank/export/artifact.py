@@ -5,6 +5,7 @@ Layout of ``DIR``:
 - ``model.mlir``: the multi-device program (kept so ``sharktank compile`` can recompile);
 - ``model.vmfb``: the compiled module (absent after ``--no-compile``);
 - ``device_{d}.irpa``: the weight shards logical device ``d`` loads (scope ``model``);
+- ``tokenizer.json``: the source's tokenizer, when it has one (see :mod:`sharktank.text.tokenizer`);
 - ``manifest.json``: everything needed to run it (see :func:`export_artifact`).
 
 Everything is written into a temporary directory beside ``DIR`` and renamed into place
@@ -23,6 +24,7 @@ from typing import Callable
 
 from ..models.llama.model import LlamaModel
 from ..parallel import ParallelPlan
+from ..text.tokenizer import export_tokenizer
 from ..weights._files import atomic_dir, atomic_file, sha256_file
 from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
@@ -156,11 +158,13 @@ def write_program(
     compile: bool,
     progress: Callable[[str], None],
     extra: dict | None = None,
+    tokenizer: bool = True,
 ) -> dict:
     """Write one program over ``plan``'s devices into ``directory``: ``model.mlir``, the
     per-device archives, ``model.vmfb`` (when ``compile``) and ``manifest.json`` (with
-    ``extra``'s fields added); returns the manifest."""
+    ``extra``'s fields added), and with ``tokenizer`` the source's tokenizer; returns the manifest."""
     (directory / "model.mlir").write_text(mlir)
+    tokens = export_tokenizer(source, directory, vocab_size=model.config.vocab_size, progress=progress) if tokenizer else None
     files = write_archives(directory, weights, progress)
     progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
     compile_info = None
@@ -184,6 +188,8 @@ def write_program(
         "versions": versions(),
         **(extra or {}),
     }
+    if tokens is not None:  # see sharktank.text.load_tokenizer
+        manifest["tokenizer"] = tokens
     if compile:
         manifest["module"]["vmfb_sha256"] = sha256_file(directory / "model.vmfb")
         manifest["module"]["vmfb_size"] = (directory / "model.vmfb").stat().st_size

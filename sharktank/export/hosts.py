@@ -176,7 +176,7 @@ def export_hosts(
             host_manifest = write_program(
                 sub, hm, _host_only(local, stages), mlir, weights, specs, source=source, export_seconds=time.perf_counter() - t1,
                 target=target, target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
-                extra={"host": role},
+                extra={"host": role}, tokenizer=h == 0,  # rank 0 owns the text
             )
             entries.append({
                 **role,

@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 from .. import ops
 from ..models.llama.model import KVCache, LlamaModel
 from ..models.llama.sharding import StageWeights
-from ..types import ShardedTensor
+from ..types import QuantizedTensor, ShardedTensor
 from ..weights import WeightSource
 from .program import arg_devices
 
@@ -65,17 +65,20 @@ class _Weights(torch.nn.Module):
         self._attrs: dict[tuple, str] = {}  # (device, view key) -> parameter attribute
         whole: dict[tuple[int, str], str] = {}  # (device, source name) -> attribute of the whole tensor
 
+        def cut_of(shard, name):
+            return _narrowing(shard, self.source.theta[name]) if name is not None else None
+
         def lift_whole(t):
             for shard, device in zip(t.shards, t.devices):
                 name = self.source.locate(shard)
-                if name is not None and _narrowing(shard, self.source.theta[name]) == (None, 0):
+                if cut_of(shard, name) == (None, 0):
                     whole.setdefault((device, name), self._parameter(t.name, shard, device))
 
         def lift(t):
             refs = []
             for shard, device in zip(t.shards, t.devices):
                 name = self.source.locate(shard)
-                cut = _narrowing(shard, self.source.theta[name]) if name is not None else None
+                cut = cut_of(shard, name)
                 if cut is not None and (device, name) in whole:
                     dim, start = cut
                     refs.append(whole[(device, name)] if dim is None else (whole[(device, name)], dim, start, shard.shape[dim]))
@@ -86,7 +89,11 @@ class _Weights(torch.nn.Module):
         _map_weights(stages, lift_whole)
         self.recipe = _map_weights(stages, lift)
 
-    def _parameter(self, name: str, shard: torch.Tensor, device: int) -> str:
+    def _parameter(self, name: str, shard, device: int):
+        """The reference to ``shard``'s parameter: its attribute name, or for a quantized
+        shard ``("q", attribute of its blocks, layout, shape, dtype)``."""
+        if isinstance(shard, QuantizedTensor):
+            return ("q", self._parameter(name, shard.blocks, device), shard.layout.name, tuple(shard.shape), shard.dtype)
         from iree.turbine.aot import DeviceTensorTrait, ExternalTensorTrait
 
         key = (device, shard.untyped_storage().data_ptr() if shard.numel() else id(shard), shard.storage_offset(), tuple(shard.shape), shard.stride())
@@ -107,8 +114,11 @@ class _Weights(torch.nn.Module):
         def shard(ref):
             if isinstance(ref, str):
                 return getattr(self, ref)
-            attr, dim, start, length = ref
-            return getattr(self, attr).narrow(dim, start, length)
+            if ref[0] == "q":  # blocks stay uint8 parameters; linear dequantizes them
+                _, attr, layout, shape, dtype = ref
+                return QuantizedTensor(layout, shape, getattr(self, attr), dtype=dtype)
+            base, dim, start, length = ref
+            return shard(base).narrow(dim, start, length)
 
         def build(r):
             cls, dim, devices, refs = r
@@ -118,9 +128,15 @@ class _Weights(torch.nn.Module):
         return _map_weights(self.recipe, build)
 
 
-def _narrowing(t: torch.Tensor, base: torch.Tensor) -> tuple[int | None, int] | None:
+def _narrowing(t, base) -> tuple[int | None, int] | None:
     """How ``t`` (a view of ``base``'s storage) cuts ``base``: ``(None, 0)`` for all of it,
-    ``(dim, start)`` for ``base.narrow(dim, start, t.shape[dim])``, None for anything else."""
+    ``(dim, start)`` for ``base.narrow(dim, start, t.shape[dim])``, None for anything else
+    (quantized tensors: by their blocks, and only whole ones or rows)."""
+    if isinstance(t, QuantizedTensor) or isinstance(base, QuantizedTensor):
+        if not (isinstance(t, QuantizedTensor) and isinstance(base, QuantizedTensor)) or t.layout != base.layout:
+            return None
+        cut = _narrowing(t.blocks, base.blocks)
+        return cut if cut is None or cut[0] is None or cut[0] < t.ndim - 1 else None
     if t.dtype != base.dtype or t.ndim != base.ndim or t.stride() != base.stride():
         return None
     offset = t.storage_offset() - base.storage_offset()

@@ -31,6 +31,7 @@ from .matrix import linear, matmul
 from .index import index_put, index_select
 from .nn import attention_as_matmuls, embedding_lookup, layer_norm, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
+from . import quantized as _quantized  # noqa: E402,F401  (registers quantized-weight rules)
 from .shape import cat, expand, flatten, permute, reshape, transpose, unflatten, view
 
 __all__ = [

@@ -16,6 +16,8 @@ from typing import Iterator
 
 import torch
 
+from ..types import QuantizedTensor
+
 __all__ = ["Transfer", "TransferLog", "record_transfers", "move_tensor", "barrier_tensor", "is_tracing"]
 
 
@@ -89,7 +91,10 @@ def _tracing_tensor(t: torch.Tensor) -> bool:
 
 
 def move_tensor(t: torch.Tensor, src: int | None, dst: int) -> torch.Tensor:
-    """Move one tensor to logical device ``dst`` (a real transfer, recorded)."""
+    """Move one tensor to logical device ``dst`` (a real transfer, recorded); a quantized
+    tensor moves its blocks."""
+    if isinstance(t, QuantizedTensor):
+        return t.with_blocks(move_tensor(t.blocks, src, dst))
     if _logs:
         rec = Transfer(src, dst, tuple(t.shape), t.dtype)
         for log in _logs:

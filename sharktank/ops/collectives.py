@@ -25,6 +25,7 @@ import torch
 
 from ..types import (
     Partial,
+    QuantizedTensor,
     Replicate,
     ReplicatedTensor,
     ShardedTensor,
@@ -321,7 +322,9 @@ def unshard(t: AnyTensor) -> torch.Tensor:
 
 
 unshard.register(torch.Tensor)(lambda t: t)
-unshard.register(SplitPrimitiveTensor)(lambda t: sharded_cat(t))
+unshard.register(SplitPrimitiveTensor)(
+    lambda t: QuantizedTensor.cat(list(t.shards), t.shard_dim) if isinstance(t.shards[0], QuantizedTensor) else sharded_cat(t)
+)
 unshard.register(ReplicatedTensor)(lambda t: t.shards[0])
 unshard.register(UnreducedTensor)(lambda t: sharded_sum(t))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, cut_like_split, offsets, replicated_of, split_of, unreduced_of
 from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
@@ -136,17 +136,24 @@ def matmul(lhs: Operand, rhs: Operand, *, transpose_rhs: bool = False) -> Operan
     """
 
 
+def _dense(w, like: torch.Tensor) -> torch.Tensor:
+    """A quantized weight dequantized to ``like``'s dtype (inside the product, when traced);
+    a plain tensor as it is."""
+    return w.dequantize(like.dtype) if isinstance(w, QuantizedTensor) else w
+
+
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
+    rhs = _dense(rhs, lhs)
     return torch.matmul(lhs, rhs.mT if transpose_rhs else rhs)
 
 
 def _matmul_sharded(lhs, rhs, *, transpose_rhs=False):
     xs, ws, (kind, dim) = plan_matmul("matmul", lhs, rhs, transpose_rhs)
     if transpose_rhs:
-        out = [torch.matmul(x, w.mT) for x, w in zip(xs, ws)]
+        out = [torch.matmul(x, _dense(w, x).mT) for x, w in zip(xs, ws)]
     else:
-        out = [torch.matmul(x, w) for x, w in zip(xs, ws)]
+        out = [torch.matmul(x, _dense(w, x)) for x, w in zip(xs, ws)]
     return _build(kind, dim, out, _devices(lhs, rhs))
 
 
@@ -172,7 +179,9 @@ def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
     """``F.linear``. Traced in half precision, the product is written as one 2-D product
     (rows of ``x`` flattened): torch-mlir gives a 2-D product of half operands a float32
     accumulator, as torch's CPU kernels compute it eagerly, while a batched product would
-    accumulate in the half type. The weight stays in its dtype (no float32 copy of it)."""
+    accumulate in the half type. The weight stays in its dtype (no float32 copy of it); a
+    quantized weight is dequantized to ``x``'s dtype right before the product."""
+    w = _dense(w, x)
     if x.dtype in _HALF and x.ndim != 2 and _tracing_tensor(x):
         y = F.linear(x.reshape(-1, x.shape[-1]), w, b)
         return y.reshape(*x.shape[:-1], w.shape[0])

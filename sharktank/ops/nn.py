@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, like, norm_dim, offsets, unreduced_of
 from ._dispatch import sharded_op
 from .elementwise import shardwise
@@ -250,9 +250,19 @@ def embedding_lookup(input: AnyTensor, embedding_matrix: AnyTensor, dtype: torch
     """
 
 
+def _lookup(ids: torch.Tensor, table) -> torch.Tensor:
+    """Rows of a plain table, or of a quantized one (only the looked-up rows' blocks are
+    expanded, in the table's dtype)."""
+    if isinstance(table, QuantizedTensor):
+        if table.ndim != 2:
+            raise ValueError(f"ops.embedding_lookup expects a [vocab, dim] table, found {table!r}")
+        return table.with_blocks(table.blocks[ids], (*ids.shape, table.shape[1])).dequantize()
+    return F.embedding(ids, table)
+
+
 @embedding_lookup.register(torch.Tensor, torch.Tensor)
 def _embedding_torch(input, embedding_matrix, dtype=None):
-    out = F.embedding(input, embedding_matrix)
+    out = _lookup(input, embedding_matrix)
     return out if dtype is None else out.to(dtype)
 
 
@@ -265,7 +275,7 @@ def _embedding_sharded(input, embedding_matrix, dtype=None):
         raise ShardingError("ops.embedding_lookup: unreduced operands are not supported")
 
     def lookup(ids, rows):
-        out = F.embedding(ids, rows)
+        out = _lookup(ids, rows)
         return out if dtype is None else out.to(dtype)
 
     ref = w if isinstance(w, ShardedTensor) else input
@@ -275,7 +285,7 @@ def _embedding_sharded(input, embedding_matrix, dtype=None):
         out = []
         for i_, r, start in zip(ids, rows, offsets(w.shard_sizes)):
             if r.shape[0] == 0:  # an empty vocabulary shard contributes zeros
-                out.append(r.new_zeros((*i_.shape, r.shape[1]), dtype=dtype or r.dtype))
+                out.append(torch.zeros((*i_.shape, r.shape[1]), dtype=dtype or r.dtype))
                 continue
             local = i_ - start
             mine = (local >= 0) & (local < r.shape[0])

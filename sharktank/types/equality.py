@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .quantized import QuantizedTensor
 from .sharded import ShardedTensor
 
 __all__ = ["is_deep_equal"]
@@ -25,6 +26,8 @@ def is_deep_equal(a, b, *, compare_placement: bool = True) -> bool:
         if compare_placement and (a.devices != b.devices or a.pinned != b.pinned):
             return False
         return all(_tensor_equal(x, y) for x, y in zip(a.shards, b.shards))
+    if isinstance(a, QuantizedTensor):
+        return a.equal(b)
     if isinstance(a, torch.Tensor):
         return _tensor_equal(a, b)
     if isinstance(a, (list, tuple)):
@@ -34,5 +37,7 @@ def is_deep_equal(a, b, *, compare_placement: bool = True) -> bool:
     return a == b
 
 
-def _tensor_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+def _tensor_equal(x, y) -> bool:
+    if isinstance(x, QuantizedTensor):
+        return x.equal(y)
     return x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch.utils._pytree as pytree
 
+from .quantized import QuantizedTensor
 from .sharded import ReplicatedTensor, SplitPrimitiveTensor, UnreducedTensor
 
 __all__ = ["register_pytree_nodes"]
@@ -40,7 +41,7 @@ _registered = False
 
 
 def register_pytree_nodes() -> None:
-    """Register the three sharded types (idempotent)."""
+    """Register the three sharded types and QuantizedTensor (idempotent)."""
     global _registered
     if _registered:
         return
@@ -52,4 +53,12 @@ def register_pytree_nodes() -> None:
             serialized_type_name=f"sharktank.types.{cls.__name__}",
             flatten_with_keys_fn=_flatten_with_keys,
         )
+    # A quantized tensor: its blocks are the one leaf; layout, shape, dtype and name the context.
+    pytree.register_pytree_node(
+        QuantizedTensor,
+        lambda q: ([q.blocks], (q.layout.name, tuple(q.shape), q.dtype, q.name)),
+        lambda values, ctx: QuantizedTensor(ctx[0], ctx[1], values[0], dtype=ctx[2], name=ctx[3]),
+        serialized_type_name="sharktank.types.QuantizedTensor",
+        flatten_with_keys_fn=lambda q: ([(pytree.SequenceKey(0), q.blocks)], (q.layout.name, tuple(q.shape), q.dtype, q.name)),
+    )
     _registered = True

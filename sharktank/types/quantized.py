@@ -135,7 +135,7 @@ class QuantizedTensor:
             if layout not in LAYOUTS:
                 raise QuantizationError(f"{name or 'tensor'}: quantization {layout!r} is not supported; supported: {', '.join(LAYOUTS)}")
             layout = LAYOUTS[layout]
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(shape)  # no int(): a traced dim stays symbolic (a prompt's length)
         what = name or "tensor"
         if not shape or shape[-1] % layout.block_size:
             raise QuantizationError(f"{what}: shape {list(shape)}: the last dim must be a multiple of {layout.name}'s block size {layout.block_size}")
@@ -146,7 +146,7 @@ class QuantizedTensor:
         count = 1
         for d in want:
             count *= d
-        if blocks.numel() != count:
+        if blocks.numel() != count:  # exact for symbolic dims too: both sides are the same product
             raise QuantizationError(
                 f"{what}: {layout.name} {list(shape)} needs {count} bytes of blocks ({want[-2]} blocks of {layout.block_bytes} per row), found {blocks.numel()}"
             )
@@ -162,7 +162,61 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
+        """Bytes stored (the blocks)."""
         return self.blocks.numel()
+
+    def numel(self) -> int:
+        """Values represented."""
+        return self.shape.numel()
+
+    def with_blocks(self, blocks: torch.Tensor, shape=None) -> "QuantizedTensor":
+        """The same layout, dtype and name over other blocks (of ``shape``, default the same)."""
+        return QuantizedTensor(self.layout, self.shape if shape is None else shape, blocks, dtype=self.dtype, name=self.name)
+
+    def to(self, dtype: torch.dtype) -> "QuantizedTensor":
+        """The same blocks, dequantizing to ``dtype`` (no data changes)."""
+        return QuantizedTensor(self.layout, self.shape, self.blocks, dtype=dtype, name=self.name)
+
+    def narrow(self, dim: int, start: int, length: int) -> "QuantizedTensor":
+        """Rows ``start .. start+length`` along ``dim``; along the last dim only whole blocks."""
+        dim = dim % self.ndim
+        if dim < self.ndim - 1:
+            shape = list(self.shape)
+            shape[dim] = length
+            return self.with_blocks(self.blocks.narrow(dim, start, length), shape)
+        bs = self.layout.block_size
+        if start % bs or length % bs:
+            raise QuantizationError(
+                f"{self.name or 'tensor'}: cannot cut {self.layout.name} {list(self.shape)} at [{start}:{start + length}] "
+                f"along its last dim: blocks hold {bs} values each, and a cut must fall between blocks"
+            )
+        return self.with_blocks(self.blocks.narrow(dim, start // bs, length // bs), (*self.shape[:-1], length))
+
+    def split(self, sizes, dim: int) -> tuple["QuantizedTensor", ...]:
+        """Consecutive pieces of ``sizes`` along ``dim`` (whole blocks along the last dim)."""
+        out, start = [], 0
+        for n in sizes:
+            out.append(self.narrow(dim, start, n))
+            start += n
+        return tuple(out)
+
+    @staticmethod
+    def cat(parts: "list[QuantizedTensor]", dim: int) -> "QuantizedTensor":
+        """Pieces of one layout joined along ``dim`` (the inverse of :meth:`split`)."""
+        first = parts[0]
+        if any(p.layout != first.layout for p in parts):
+            raise QuantizationError(f"cannot join layouts {[p.layout.name for p in parts]}")
+        dim = dim % first.ndim
+        blocks = torch.cat([p.blocks for p in parts], dim=dim)
+        shape = list(first.shape)
+        shape[dim] = sum(p.shape[dim] for p in parts)
+        return first.with_blocks(blocks, shape)
+
+    def equal(self, other: "QuantizedTensor") -> bool:
+        return (
+            isinstance(other, QuantizedTensor) and self.layout == other.layout and self.shape == other.shape
+            and self.dtype == other.dtype and bool(torch.equal(self.blocks, other.blocks))
+        )
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The values, ``shape`` in ``dtype`` (default: the tensor's ``dtype``)."""

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from .placement import Partial, Placement, Replicate, ShardingSpec, Split, normalize_devices, split_sizes
+from .quantized import QuantizedTensor
 
 __all__ = ["ShardedTensor", "SplitPrimitiveTensor", "ReplicatedTensor", "UnreducedTensor"]
 
@@ -32,19 +33,30 @@ def _as_shard_tuple(ts: Sequence[torch.Tensor], kind: str) -> tuple[torch.Tensor
     shards = tuple(ts)
     if not shards:
         raise ValueError(f"{kind} needs at least one shard")
+    quantized = isinstance(shards[0], QuantizedTensor)
     for s in shards:
-        if not isinstance(s, torch.Tensor):
-            raise TypeError(f"{kind} shards must be torch.Tensor, found {type(s).__name__}")
+        if not isinstance(s, QuantizedTensor if quantized else torch.Tensor):
+            want = "QuantizedTensor (like shard 0)" if quantized else "torch.Tensor or QuantizedTensor"
+            raise TypeError(f"{kind} shards must be {want}, found {type(s).__name__}")
     dtype = shards[0].dtype
     if any(s.dtype != dtype for s in shards):
         raise ValueError(f"{kind} shards must share one dtype, found {[s.dtype for s in shards]}")
+    if quantized and any(s.layout != shards[0].layout for s in shards):
+        raise ValueError(f"{kind} shards must share one quantization, found {[s.layout.name for s in shards]}")
     return shards
+
+
+def _whole(ts) -> bool:
+    """One tensor to split or place (a plain or quantized tensor), not a list of shards."""
+    return isinstance(ts, (torch.Tensor, QuantizedTensor))
 
 
 class ShardedTensor:
     """A tensor held as shards, one per logical device.
 
-    Attributes: ``shards`` (tuple of torch tensors), ``shard_count``, ``shape`` (global),
+    Attributes: ``shards`` (tuple of torch tensors, or of :class:`QuantizedTensor` for a
+    quantized weight: split on rows at any count, on the last dim at whole blocks, or
+    replicated), ``shard_count``, ``shape`` (global),
     ``dtype``, ``devices`` (one int logical device per shard), ``pinned`` (whether the
     tensor must stay on its devices: see :func:`sharktank.ops.transfer_if_needed`),
     ``placement`` and ``name``.
@@ -268,13 +280,15 @@ class SplitPrimitiveTensor(ShardedTensor):
         pinned: bool = False,
         name: str | None = None,
     ):
-        if isinstance(ts, torch.Tensor):
+        if _whole(ts):
             if shard_count is None:
                 shard_count = len(devices) if devices is not None else None
             if shard_count is None:
                 raise ValueError("SplitPrimitiveTensor from one tensor needs shard_count or devices")
             dim = _norm_dim(shard_dim, ts.ndim, "shard_dim")
-            ts = torch.split(ts, split_sizes(ts.shape[dim], shard_count), dim=dim)
+            sizes = split_sizes(ts.shape[dim], shard_count)
+            # A quantized tensor splits its last dim only between blocks (refused otherwise).
+            ts = ts.split(sizes, dim) if isinstance(ts, QuantizedTensor) else torch.split(ts, sizes, dim=dim)
         shards = _as_shard_tuple(ts, "SplitPrimitiveTensor")
         if shard_count is not None and shard_count != len(shards):
             raise ValueError(f"shard_count={shard_count} but {len(shards)} shards were given")
@@ -331,7 +345,7 @@ class ReplicatedTensor(ShardedTensor):
         pinned: bool = False,
         name: str | None = None,
     ):
-        if isinstance(ts, torch.Tensor):
+        if _whole(ts):
             if shard_count is None:
                 shard_count = len(devices) if devices is not None else None
             if shard_count is None:

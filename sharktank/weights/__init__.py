@@ -13,7 +13,7 @@ from .errors import WeightsError
 from .theta import Theta
 from .source import WeightSource
 
-from .gguf_io import gguf_source, load_gguf, save_gguf  # noqa: E402
+from .gguf_io import QUANTIZE_TO, gguf_source, load_gguf, quantize_gguf, save_gguf  # noqa: E402
 from .hf import hf_checkpoint_source, load_hf_checkpoint  # noqa: E402
 from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa  # noqa: E402
 from .sharded_io import load_theta, save_theta  # noqa: E402
@@ -23,6 +23,8 @@ __all__ = [
     "WeightSource",
     "hf_checkpoint_source",
     "gguf_source",
+    "quantize_gguf",
+    "QUANTIZE_TO",
     "irpa_source",
     "WeightsError",
     "load_hf_checkpoint",

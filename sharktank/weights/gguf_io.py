@@ -26,14 +26,14 @@ import numpy as np
 import torch
 
 from ..models.llama.config import LlamaConfig
-from ..types import ShardedTensor
+from ..types import LAYOUTS, QuantizedTensor, ShardedTensor
 from ._files import atomic_file
 from .errors import WeightsError
 from .llama_layout import layout_problem, llama_shapes
 from .source import WeightSource
 from .theta import Theta
 
-__all__ = ["load_gguf", "gguf_source", "save_gguf"]
+__all__ = ["load_gguf", "gguf_source", "save_gguf", "write_gguf", "quantize_gguf", "QUANTIZE_TO"]
 
 ARCH = "llama"
 ROPE_FREQS = "rope_freqs.weight"
@@ -65,34 +65,113 @@ _GGML_TYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16
 def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> None:
     """Write a Hugging Face-layout Llama ``theta`` as a llama.cpp GGUF file.
 
-    ``theta`` must hold exactly the model's parameters (plain f32/f16/bf16 tensors)
-    with the shapes ``config`` implies. The file is written next to ``path`` and renamed
-    into place.
+    ``theta`` must hold exactly the model's parameters (plain f32/f16/bf16 tensors or
+    :class:`QuantizedTensor` blocks) with the shapes ``config`` implies. The file is written
+    next to ``path`` and renamed into place.
     """
-    from gguf import GGMLQuantizationType, GGUFWriter
-
     problem = layout_problem({n: t.shape for n, t in theta.items()}, config)
     if problem is not None:
         raise WeightsError(f"cannot save: {problem[1]}", path=path, tensor=problem[0])
+    entries = []
+    for name in llama_shapes(config):
+        t = theta[name]
+        if isinstance(t, ShardedTensor) or not (isinstance(t, QuantizedTensor) or t.dtype in _GGML_TYPES):
+            what = type(t).__name__ if isinstance(t, ShardedTensor) else t.dtype
+            raise WeightsError(f"cannot save {what}; GGUF takes plain f32, f16 or bf16 tensors or QuantizedTensor ({', '.join(LAYOUTS)})", path=path, tensor=name)
+        entries.append((name, _stored_spec(t), lambda name=name, t=t: _gguf_array(name, t, config)))
+    write_gguf(path, config, entries)
+
+
+def _stored_spec(t) -> tuple:
+    """(array shape, numpy dtype, bytes, ggml type name) of the array GGUF stores for ``t``."""
+    if isinstance(t, QuantizedTensor):
+        rows = t.shape[0] if t.ndim > 1 else 1
+        return (rows, t.nbytes // rows), np.uint8, t.nbytes, t.layout.name
+    np_dtype = np.uint16 if t.dtype == torch.bfloat16 else {torch.float32: np.float32, torch.float16: np.float16}[t.dtype]
+    return tuple(t.shape), np_dtype, t.numel() * t.element_size(), _GGML_TYPES[t.dtype]
+
+
+def _gguf_array(name: str, t, config: LlamaConfig) -> np.ndarray:
+    """The array GGUF stores for the Hugging Face tensor ``name`` (q/k rows reordered)."""
+    t = _interleave_rotary(name, t, config, to_gguf=True)
+    if isinstance(t, QuantizedTensor):
+        return t.blocks.reshape(_stored_spec(t)[0]).contiguous().numpy()
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+# Types ``quantize_gguf`` makes with the gguf package's own quantizers (it has none for K-quants).
+QUANTIZE_TO = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+
+
+def quantize_gguf(path: str | os.PathLike, config: LlamaConfig, source, *, to: str, progress=lambda msg: None) -> dict[str, int]:
+    """Write ``source`` (a :class:`WeightSource` in the Hugging Face layout) as a GGUF whose 2-D
+    weights are quantized to ``to`` (``q8_0`` or ``q4_0``) by ``gguf.quants.quantize``, one
+    tensor in memory at a time. Norms and biases stay float32; a weight whose rows are not
+    whole blocks, or that is quantized already, is written as it is. Returns counts by type."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if to not in QUANTIZE_TO:
+        raise ValueError(f"cannot quantize to {to!r}; supported: {', '.join(QUANTIZE_TO)}")
+    kind = QUANTIZE_TO[to]
+    layout = LAYOUTS[kind]
+    entries, counts = [], {}
+    names = list(source.names())
+    for i, name in enumerate(names):
+        t = source.theta[name]
+        quantizable = not isinstance(t, QuantizedTensor) and t.ndim == 2 and t.shape[1] % layout.block_size == 0
+        if quantizable:
+            nbytes = t.shape[0] * t.shape[1] // layout.block_size * layout.block_bytes
+            spec = ((t.shape[0], nbytes // t.shape[0]), np.uint8, nbytes, kind)
+
+            def produce(name=name, i=i):
+                rows = _interleave_rotary(name, source.read(name).float(), config, to_gguf=True)
+                progress(f"quantized {i + 1}/{len(names)}: {name}")
+                return quantize(rows.contiguous().numpy(), GGMLQuantizationType[kind])
+        else:
+            if not isinstance(t, QuantizedTensor) and t.dtype not in _GGML_TYPES:
+                raise WeightsError(f"cannot store {t.dtype} in GGUF", path=path, tensor=name)
+            plain = t if isinstance(t, QuantizedTensor) or t.ndim == 2 else t.float()
+            spec = _stored_spec(plain)
+
+            def produce(name=name, keep=t.ndim == 2 or isinstance(t, QuantizedTensor)):
+                value = source.read(name)
+                return _gguf_array(name, value if keep else value.float(), config)
+        counts[spec[3]] = counts.get(spec[3], 0) + 1
+        entries.append((name, spec, produce))
+    write_gguf(path, config, entries)
+    return counts
+
+
+def write_gguf(path: str | os.PathLike, config: LlamaConfig, entries) -> None:
+    """Write a llama GGUF tensor by tensor: ``entries`` are ``(Hugging Face name, spec, produce)``
+    with ``spec`` as :func:`_stored_spec` gives it and ``produce()`` returning that array,
+    called once, in order, after the header is written (one tensor in memory at a time)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
     with atomic_file(path) as tmp:
         writer = GGUFWriter(str(tmp), ARCH)
         for key, (kind, value) in _metadata(config).items():
             getattr(writer, f"add_{kind}")(key, value)
-        for name in llama_shapes(config):
-            t = theta[name]
-            if isinstance(t, ShardedTensor) or t.dtype not in _GGML_TYPES:
-                what = type(t).__name__ if isinstance(t, ShardedTensor) else t.dtype
-                raise WeightsError(f"cannot save {what}; GGUF takes plain f32, f16 or bf16 tensors", path=path, tensor=name)
-            data = _interleave_rotary(name, t.detach().cpu(), config, to_gguf=True).contiguous()
-            ggml = GGMLQuantizationType[_GGML_TYPES[t.dtype]]
-            array = data.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else data.numpy()
-            writer.add_tensor(_to_gguf_name(name), array, raw_dtype=ggml)
+        factors = None
         if config.rope_scaling is not None and config.rope_scaling["rope_type"] == "factors":
             # As llama.cpp's converter stores llama3 scaling: one divisor per rotary frequency.
-            writer.add_tensor(ROPE_FREQS, np.asarray(config.rope_scaling["factors"], dtype=np.float32))
+            factors = np.asarray(config.rope_scaling["factors"], dtype=np.float32)
+        for name, (shape, np_dtype, nbytes, kind), _ in entries:
+            writer.add_tensor_info(_to_gguf_name(name), shape, np.dtype(np_dtype), nbytes, raw_dtype=GGMLQuantizationType[kind])
+        if factors is not None:
+            writer.add_tensor_info(ROPE_FREQS, factors.shape, factors.dtype, factors.nbytes, raw_dtype=GGMLQuantizationType.F32)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for name, (shape, np_dtype, nbytes, _), produce in entries:
+            array = produce()
+            if array.nbytes != nbytes or array.dtype != np.dtype(np_dtype):
+                raise WeightsError(f"produced {array.dtype} of {array.nbytes} bytes, declared {np.dtype(np_dtype)} of {nbytes}", path=path, tensor=name)
+            writer.write_tensor_data(array)
+        if factors is not None:
+            writer.write_tensor_data(factors)
         writer.close()
 
 
@@ -140,10 +219,11 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
         name, reason = problem
         raise WeightsError(f"{reason} (Hugging Face name {name})", path=path, tensor=_to_gguf_name(name))
 
-    def read(name: str) -> torch.Tensor:
-        return _interleave_rotary(name, infos[name].read(path), config, to_gguf=False).contiguous()
+    def read(name: str):
+        t = _interleave_rotary(name, infos[name].read(path), config, to_gguf=False)
+        return t if isinstance(t, QuantizedTensor) else t.contiguous()
 
-    specs = {n: (infos[n].shape, infos[n].dtype) for n in llama_shapes(config)}
+    specs = {n: infos[n].spec for n in llama_shapes(config)}
     # Every tensor but q and k (reordered from llama.cpp's rotary layout) is stored as read.
     spans = {n: (str(path), infos[n].offset) for n in specs if not _ROTARY.search(n)}
     return config, WeightSource(specs, read, spans=spans, label=str(path))
@@ -238,25 +318,44 @@ def _f32_decimal(value: float) -> float:
 class _TensorInfo:
     gguf_name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype  # a quantized tensor's: float32, what it dequantizes to
     offset: int  # of the data in the file
     nbytes: int
+    layout: str | None = None  # the GGML block layout of a quantized tensor
 
-    def read(self, path) -> torch.Tensor:
+    @property
+    def spec(self) -> tuple:
+        return (self.shape, self.dtype) if self.layout is None else (self.shape, self.dtype, self.layout)
+
+    def read(self, path) -> torch.Tensor | QuantizedTensor:
         with open(path, "rb") as f:
             data = os.pread(f.fileno(), self.nbytes, self.offset)
         if len(data) != self.nbytes:
             raise WeightsError(f"file ends {self.nbytes - len(data)} bytes into this tensor", path=path, tensor=self.gguf_name)
+        if self.layout is not None:  # kept as the blocks the file stores
+            blocks = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            return QuantizedTensor(self.layout, self.shape, blocks, dtype=self.dtype, name=self.gguf_name)
         return torch.frombuffer(bytearray(data), dtype=self.dtype).reshape(self.shape)
+
+
+_SUPPORTED = ", ".join([*_GGML_TYPES.values(), *LAYOUTS])
 
 
 def _tensor_info(path, rt) -> _TensorInfo:
     kind = rt.tensor_type.name
-    dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
-    if dtype is None:
-        raise WeightsError(f"ggml type {kind} is not supported (only F32, F16, BF16)", path=path, tensor=rt.name)
     shape = tuple(int(d) for d in reversed(rt.shape.tolist()))
     count = int(np.prod(shape, dtype=np.int64))
+    if kind in LAYOUTS:
+        layout = LAYOUTS[kind]
+        if not shape or shape[-1] % layout.block_size:
+            raise WeightsError(f"{kind} shape {list(shape)}: the last dim is not a multiple of the block size {layout.block_size}", path=path, tensor=rt.name)
+        want = count // layout.block_size * layout.block_bytes
+        if int(rt.n_bytes) != want:
+            raise WeightsError(f"{kind} {list(shape)} needs {want} bytes of blocks, the file gives {int(rt.n_bytes)}", path=path, tensor=rt.name)
+        return _TensorInfo(rt.name, shape, torch.float32, int(rt.data_offset), want, kind)
+    dtype = {v: k for k, v in _GGML_TYPES.items()}.get(kind)
+    if dtype is None:
+        raise WeightsError(f"ggml type {kind} is not supported (supported: {_SUPPORTED})", path=path, tensor=rt.name)
     if int(rt.n_bytes) != count * dtype.itemsize:
         raise WeightsError(f"holds {int(rt.n_bytes) // dtype.itemsize} values for shape {list(shape)}", path=path, tensor=rt.name)
     return _TensorInfo(rt.name, shape, dtype, int(rt.data_offset), int(rt.n_bytes))
@@ -274,9 +373,12 @@ def _interleave_rotary(name: str, t: torch.Tensor, config: LlamaConfig, *, to_gg
         heads = config.num_kv_heads
     else:
         return t
-    half, rest = config.head_dim // 2, t.shape[1:]
+    half = config.head_dim // 2
     split = (heads, 2, half) if to_gguf else (heads, half, 2)
-    return t.reshape(*split, *rest).transpose(1, 2).reshape(t.shape)
+    if isinstance(t, QuantizedTensor):  # rows are whole blocks: reorder the block rows
+        b = t.blocks
+        return t.with_blocks(b.reshape(*split, *b.shape[1:]).transpose(1, 2).reshape(b.shape))
+    return t.reshape(*split, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
 def _to_gguf_name(hf: str) -> str:

@@ -17,16 +17,28 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
+from ..types import LAYOUTS, QuantizedTensor
 from .theta import Theta
 
 __all__ = ["WeightSource"]
 
-Spec = tuple[tuple[int, ...], torch.dtype]
+# (shape, dtype) of a plain tensor, or (shape, dtype, layout name) of a quantized one (its
+# dtype: what it dequantizes to).
+Spec = tuple
 
 
-def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, layout: str | None = None):
     # torch.empty maps memory without writing it: no page is resident until touched.
-    return torch.empty(shape, dtype=dtype)
+    if layout is None:
+        return torch.empty(shape, dtype=dtype)
+    lay = LAYOUTS[layout]
+    blocks = torch.empty((*shape[:-1], shape[-1] // lay.block_size, lay.block_bytes), dtype=torch.uint8)
+    return QuantizedTensor(lay, shape, blocks, dtype=dtype)
+
+
+def _data(t):
+    """The tensor holding ``t``'s bytes (a quantized tensor's blocks)."""
+    return t.blocks if isinstance(t, QuantizedTensor) else t
 
 
 class WeightSource:
@@ -50,7 +62,7 @@ class WeightSource:
         self.reads = 0  # tensors read into memory (tests count them)
         self._read = read
         self._spans = dict(spans or {})
-        self.theta = Theta({n: _placeholder(tuple(s), d) for n, (s, d) in specs.items()})
+        self.theta = Theta({n: _placeholder(tuple(spec[0]), *spec[1:]) for n, spec in specs.items()})
         self._index()
 
     @classmethod
@@ -66,19 +78,27 @@ class WeightSource:
     def _index(self) -> None:
         self._by_storage: dict[int, str] = {}
         for name, t in self.theta.items():
-            if isinstance(t, torch.Tensor) and t.numel():
-                self._by_storage.setdefault(t.untyped_storage().data_ptr(), name)
+            if isinstance(t, (torch.Tensor, QuantizedTensor)) and _data(t).numel():
+                self._by_storage.setdefault(_data(t).untyped_storage().data_ptr(), name)
 
     def to(self, dtype: torch.dtype) -> "WeightSource":
         """The same weights with floating-point tensors converted to ``dtype`` (when read)."""
 
-        def convert(t: torch.Tensor) -> torch.Tensor:
-            return t.to(dtype) if t.is_floating_point() else t
+        def floating(t) -> bool:
+            return isinstance(t, QuantizedTensor) or t.is_floating_point()
+
+        def convert(t):
+            # A quantized tensor keeps its blocks and dequantizes to dtype.
+            return t.to(dtype) if floating(t) else t
 
         if not self.deferred:
             return WeightSource.of(self.theta.map(lambda _, t: convert(t)), self.label)
-        specs = {n: (tuple(t.shape), dtype if t.is_floating_point() else t.dtype) for n, t in self.theta.items()}
-        spans = {n: span for n, span in self._spans.items() if specs[n][1] == self.theta[n].dtype}  # unconverted
+        specs = {
+            n: (tuple(t.shape), dtype if floating(t) else t.dtype, *((t.layout.name,) if isinstance(t, QuantizedTensor) else ()))
+            for n, t in self.theta.items()
+        }
+        # Stored bytes are unchanged where the dtype is (and for quantized blocks, always).
+        spans = {n: span for n, span in self._spans.items() if isinstance(self.theta[n], QuantizedTensor) or specs[n][1] == self.theta[n].dtype}
         read = self._read
         return WeightSource(specs, lambda name: convert(read(name)), spans=spans, label=self.label)
 
@@ -90,16 +110,16 @@ class WeightSource:
         want = self.theta[name]
         self.reads += 1
         t = self._read(name)
-        if tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
-            raise ValueError(f"{self.label}: {name} read as {t.dtype} {list(t.shape)}, declared {want.dtype} {list(want.shape)}")
-        return t.contiguous()
+        if tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype or type(t) is not type(want):
+            raise ValueError(f"{self.label}: {name} read as {t!r}, declared {want!r}")
+        return t.with_blocks(t.blocks.contiguous()) if isinstance(t, QuantizedTensor) else t.contiguous()
 
     def file_range(self, t: torch.Tensor, name: str) -> tuple[str, int, int] | None:
         """``(file, offset, length)`` of the bytes of ``t`` (a view of the placeholder ``name``)
         in the source file, when the file holds ``name`` as read and ``t`` is one contiguous
         run of it (the whole tensor, or rows of it); else None."""
         span = self._spans.get(name)
-        base = self.theta[name]
+        t, base = _data(t), _data(self.theta[name])
         if span is None or not t.is_contiguous() or not base.is_contiguous():
             return None
         path, offset = span
@@ -107,7 +127,8 @@ class WeightSource:
 
     def locate(self, t: torch.Tensor) -> str | None:
         """The name of the weight whose storage ``t`` views (a shard of it), or None."""
-        if not t.numel():
+        t = _data(t)
+        if not isinstance(t, torch.Tensor) or not t.numel():
             return None
         return self._by_storage.get(t.untyped_storage().data_ptr())
 
@@ -115,6 +136,13 @@ class WeightSource:
         """``t`` (a view of the placeholder ``name``) taken from ``data`` (what ``read(name)``
         returned): the same sizes, strides and offset."""
         base = self.theta[name]
+        if isinstance(t, QuantizedTensor):
+            return t.with_blocks(self._view(t.blocks, base.blocks, data.blocks, name))
+        if isinstance(base, QuantizedTensor):  # a view of the blocks themselves
+            return self._view(t, base.blocks, data.blocks, name)
+        return self._view(t, base, data, name)
+
+    def _view(self, t: torch.Tensor, base: torch.Tensor, data: torch.Tensor, name: str) -> torch.Tensor:
         if not base.is_contiguous():
             raise ValueError(f"{self.label}: placeholder {name} is not contiguous")
         offset = t.storage_offset() - base.storage_offset()

@@ -10,11 +10,11 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from ..types import ShardedTensor
+from ..types import QuantizedTensor, ShardedTensor
 
 __all__ = ["Theta"]
 
-AnyTensor = torch.Tensor | ShardedTensor
+AnyTensor = torch.Tensor | ShardedTensor | QuantizedTensor
 
 
 class Theta(Mapping[str, AnyTensor]):
@@ -24,7 +24,7 @@ class Theta(Mapping[str, AnyTensor]):
 
     def __init__(self, tensors: Mapping[str, AnyTensor]):
         for name, t in tensors.items():
-            if not isinstance(t, (torch.Tensor, ShardedTensor)):
+            if not isinstance(t, (torch.Tensor, ShardedTensor, QuantizedTensor)):
                 raise TypeError(f"Theta entry {name!r} must be a tensor, found {type(t).__name__}")
         self._tensors = dict(tensors)
 
@@ -56,5 +56,5 @@ class Theta(Mapping[str, AnyTensor]):
         total = 0
         for t in self._tensors.values():
             for s in t.shards if isinstance(t, ShardedTensor) else (t,):
-                total += s.numel() * s.element_size()
+                total += s.nbytes if isinstance(s, QuantizedTensor) else s.numel() * s.element_size()
         return total

@@ -67,3 +67,81 @@ def test_bad_blocks_are_refused_naming_the_tensor():
         QuantizedTensor("Q8_0", (1, 64), ok[:-1], name="w")
     with pytest.raises(QuantizationError, match="uint8 tensor, found torch.int8"):
         QuantizedTensor("Q8_0", (1, 64), ok.view(torch.int8), name="w")
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_ops_with_a_quantized_weight_equal_dequantize_then_op(name):
+    from sharktank import ops
+
+    layout = LAYOUTS[name]
+    out_features, in_features = 6, 2 * layout.block_size
+    w = QuantizedTensor(name, (out_features, in_features), torch.from_numpy(_random_blocks(name, out_features * 2, 7)), name="w")
+    dense = w.dequantize()
+    x = torch.randn(3, 4, in_features, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(out_features)
+    assert torch.equal(ops.linear(x, w), torch.nn.functional.linear(x, dense))
+    assert torch.equal(ops.linear(x, w, bias), torch.nn.functional.linear(x, dense, bias))
+    assert torch.equal(ops.matmul(x, w, transpose_rhs=True), x @ dense.mT)
+    ids = torch.tensor([[0, 5, 2], [5, 5, 1]])
+    assert torch.equal(ops.embedding_lookup(ids, w), torch.nn.functional.embedding(ids, dense))
+    assert ops.embedding_lookup(ids, w, torch.float16).dtype == torch.float16
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to float32 summation order: random blocks make values of 1e5 and more."""
+    return got.shape == want.shape and bool((got - want).abs().max() <= 1e-5 * want.abs().max())
+
+
+def _quantized_weight(name: str, rows: int, blocks_per_row: int, seed: int = 7) -> QuantizedTensor:
+    raw = torch.from_numpy(_random_blocks(name, rows * blocks_per_row, seed))
+    return QuantizedTensor(name, (rows, blocks_per_row * LAYOUTS[name].block_size), raw, name="w")
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_sharded_quantized_linear_equals_the_dequantized_one(name):
+    # Column-parallel (rows split, any count), row-parallel (input split at whole blocks,
+    # then all_reduce), replicated; pinned weights keep the placement rule's behaviour.
+    from sharktank import ops
+    from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor
+
+    w = _quantized_weight(name, 6, 4)
+    dense = w.dequantize()
+    x = torch.randn(2, 3, w.shape[1], generator=torch.Generator().manual_seed(2))
+    want = torch.nn.functional.linear(x, dense)
+    for n in (2, 3):
+        col = SplitPrimitiveTensor(shard_dim=0, ts=w, shard_count=n, pinned=True)
+        assert isinstance(col.shards[0], QuantizedTensor) and col.shard_sizes == [6 // n] * n
+        assert _close(ops.unshard(ops.linear(x, col)), want)
+    row = SplitPrimitiveTensor(shard_dim=1, ts=w, shard_count=2, devices=(3, 5), pinned=True)
+    xs = SplitPrimitiveTensor(shard_dim=2, ts=x, devices=(3, 5))
+    out = ops.linear(xs, row)
+    assert type(out).__name__ == "UnreducedTensor" and out.devices == (3, 5) and out.pinned is False
+    assert _close(ops.unshard(ops.all_reduce(out)), want)
+    rep = ReplicatedTensor(ts=w, shard_count=2, pinned=True)
+    assert _close(ops.unshard(ops.linear(x, rep)), want)
+    assert ops.unshard(col).equal(w) and ops.unshard(row).equal(w)
+    # An unpinned activation on other devices moves to the pinned quantized weight.
+    moved = ops.linear(ReplicatedTensor(ts=x, devices=(0, 1)), SplitPrimitiveTensor(shard_dim=0, ts=w, devices=(3, 5), pinned=True))
+    assert moved.devices == (3, 5)
+
+
+def test_a_split_that_cuts_a_block_is_refused_with_the_block_size():
+    from sharktank.types import SplitPrimitiveTensor
+
+    w = _quantized_weight("Q4_K", 4, 2)  # 512 inputs: 2 blocks of 256
+    with pytest.raises(QuantizationError, match="blocks hold 256 values each"):
+        SplitPrimitiveTensor(shard_dim=1, ts=w, shard_count=4)
+
+
+def test_sharded_quantized_embedding_lookup_equals_the_dequantized_one():
+    from sharktank import ops
+    from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor
+
+    table = _quantized_weight("Q8_0", 10, 2)
+    dense = table.dequantize()
+    ids = torch.tensor([[0, 9, 4], [7, 7, 1]])
+    want = torch.nn.functional.embedding(ids, dense)
+    for t in (ReplicatedTensor(ts=table, shard_count=2), SplitPrimitiveTensor(shard_dim=0, ts=table, shard_count=3),
+              SplitPrimitiveTensor(shard_dim=1, ts=table, shard_count=2)):
+        # A vocabulary split gives partial results (zeros outside each shard's rows): unshard sums them.
+        assert torch.equal(ops.unshard(ops.embedding_lookup(ids, t)), want), t

@@ -215,8 +215,9 @@ def test_inconsistent_file(good_file, tmp_path, damage):
         expect = ["blk.0.attn_qkv.weight"]
     elif damage == "quantized":
         w = tensors["blk.0.ffn_up.weight"][0]
-        tensors["blk.0.ffn_up.weight"] = (quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
-        expect = ["blk.0.ffn_up.weight", "Q8_0"]
+        # A quantization with no layout here (Q8_0, Q4_0, Q4_K, Q5_K and Q6_K load).
+        tensors["blk.0.ffn_up.weight"] = (quantize(w, GGMLQuantizationType.Q5_1), GGMLQuantizationType.Q5_1)
+        expect = ["blk.0.ffn_up.weight", "Q5_1 is not supported", "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"]
     else:
         arch, expect = "qwen2", ["qwen2"]
     _write_raw(tmp_path / "raw.gguf", keys, tensors, arch)

@@ -1,0 +1,67 @@
+"""Quantized GGUF weights through export: the archives hold the blocks as the file stores
+them, the program dequantizes inside each product (every weight global is a uint8 block
+tensor; only the norms are float), and the compiled module gives the eager model's logits."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from quantized_models import CONFIG, TOKENS, quantized_theta
+from sharktank.export.artifact import export_artifact
+from sharktank.models import load_model
+from sharktank.runtime import CompiledModel
+from sharktank.weights import save_gguf
+
+_GLOBAL = re.compile(r'util\.global private @"__auto\.([^"]+)".*?= #flow\.parameter\.named<"model"::"[^"]+"> : tensor<([^>]+)>')
+
+
+def _weight_globals(mlir: str) -> dict[str, str]:
+    """External weight global name -> its element type."""
+    found = {name: shape.split("x")[-1] for name, shape in _GLOBAL.findall(mlir)}
+    assert found, "no parameter globals found in the MLIR"
+    return found
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_file(tmp_path_factory):
+    """One block of the mix: enough to compile every dequantizing product for a target."""
+    config = dataclasses.replace(CONFIG, num_layers=1)
+    path = tmp_path_factory.mktemp("qexport") / "q4_k_m.gguf"
+    save_gguf(path, config, quantized_theta("q4_k_m", config))
+    return path
+
+
+@pytest.mark.parametrize("kind, tp, pp", [("q8_0", 2, 1), ("q4_k_m", 2, 2)])
+def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp):
+    path = tmp_path / f"{kind}.gguf"
+    save_gguf(path, CONFIG, quantized_theta(kind))
+    out = tmp_path / "art"
+    manifest = export_artifact(load_model(path, tp=tp, pp=pp, deferred=True), out, source=str(path), max_seq_len=32)
+    types = _weight_globals((out / "model.mlir").read_text())
+    dense = {n: t for n, t in types.items() if t not in ("i8", "ui8")}
+    # No full-precision copy of a quantized weight: only the (float32) norms are not blocks.
+    assert dense and all("norm" in n for n in dense), sorted(dense)
+    assert len(types) - len(dense) >= CONFIG.num_layers * 7 * tp
+    # The archives hold the file's blocks (replicated tables once per device that holds them).
+    stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
+    model = load_model(path, tp=tp, pp=pp)
+    assert stored <= 1.05 * model.source.theta.nbytes() * tp
+    compiled = CompiledModel(out)
+    got, _ = compiled.prefill(TOKENS[:1])
+    want = model.prefill(TOKENS[:1])
+    # float32 activations both ways; only the summation order differs.
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
+    ids, _ = compiled.generate(TOKENS[:1], 4)
+    assert torch.equal(ids, model.generate(TOKENS[:1], 4))
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_quantized_model_compiles_for_gpu_targets(q4_k_m_file, tmp_path, target):
+    # No GPU here: the dequantize-in-the-product program compiles for both GPU targets.
+    manifest = export_artifact(load_model(q4_k_m_file, tp=2, deferred=True), tmp_path / "art", source=str(q4_k_m_file), max_seq_len=16, target=target)
+    assert manifest["compile"]["driver"] == target and manifest["module"]["vmfb_size"] > 1000
