@@ -114,9 +114,9 @@ def cmd_export(args) -> int:
 
 
 def _export_hosts(args, model, hosts: int, out: Path, options: dict) -> int:
-    from .export.hosts import export_hosts
+    from .export.artifact import export_artifact
 
-    manifest = export_hosts(model, out, hosts, **options)
+    manifest = export_artifact(model, out, hosts=hosts, **options)
     summary = {
         "output_dir": str(out),
         "hosts": [{k: h[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest["hosts"]],

@@ -118,13 +118,24 @@ def export_artifact(
     extra_flags: tuple[str, ...] = (),
     compile: bool = True,
     progress: Callable[[str], None] = lambda msg: None,
+    hosts: int = 1,
 ) -> dict:
     """Export (and compile) ``model`` into ``output_dir``; returns the manifest.
+
+    ``hosts``: above 1, the pipeline stages split over that many hosts, one program each
+    (:mod:`sharktank.export.hosts`; the result is its top-level manifest).
 
     ``max_seq_len``: the KV-cache length; by default the model's context up to
     :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
     a cache that with the weights would not fit in this host's memory (CPU target), raises
     :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced."""
+    if hosts != 1:
+        from .hosts import export_hosts
+
+        return export_hosts(
+            model, output_dir, hosts, source=source, batch_sizes=tuple(batch_sizes), max_seq_len=max_seq_len, target=target,
+            target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
+        )
     plan = model.plan
     max_seq_len = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
     t0 = time.perf_counter()

@@ -148,17 +148,17 @@ def export_hosts(
     hosts: int,
     *,
     source: str,
-    batch_sizes: tuple[int, ...] = (1,),
-    max_seq_len: int | None = None,
-    target: str = "cpu",
-    target_arch: str | None = None,
-    extra_flags: tuple[str, ...] = (),
-    compile: bool = True,
-    progress: Callable[[str], None] = lambda msg: None,
+    batch_sizes: tuple[int, ...],
+    max_seq_len: int | None,
+    target: str,
+    target_arch: str | None,
+    extra_flags: tuple[str, ...],
+    compile: bool,
+    progress: Callable[[str], None],
 ) -> dict:
-    """Export (and compile) ``model``'s pipeline split over ``hosts`` hosts into ``output_dir``
-    (see the module docstring); returns the top-level manifest. Written beside
-    ``output_dir`` and renamed into place, as :func:`export_artifact` does."""
+    """``export_artifact(..., hosts=hosts)`` (which has the defaults): ``model``'s pipeline
+    split over ``hosts`` hosts into ``output_dir`` (see the module docstring); returns the
+    top-level manifest."""
     local, maps = host_plan(model.plan, hosts)
     t = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
     hm = LlamaModel(model.config, model.source.theta, local, source=model.source)
