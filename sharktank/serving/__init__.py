@@ -1,0 +1,1 @@
+"""Serving: the batching engine and the OpenAI-compatible HTTP server (``sharktank serve``)."""
