@@ -159,24 +159,10 @@ def _seconds_since_process_start(at: float) -> float | None:
     return uptime - start - (time.perf_counter() - at)
 
 
-def cmd_run(args) -> int:
-    import numpy as np
-    import torch
-
-    from .runtime import CompiledModel
-
-    rows = [_ints(r, "--tokens") for r in args.tokens.split(";")]
-    if len({len(r) for r in rows}) != 1:
-        raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
-    tokens = torch.tensor(rows, dtype=torch.int64)
-    t0 = time.perf_counter()
-    model = CompiledModel(args.dir, driver=args.driver)
-    loaded = time.perf_counter()
-    ids, logits = model.generate(tokens, args.max_new_tokens)
+def _timings(model, t0: float, loaded: float) -> dict:
     decode = [t * 1e3 for t in model.timings["decode"]]
     started = _seconds_since_process_start(loaded)
-    result = {
-        "ids": ids.tolist() if len(rows) > 1 else ids[0].tolist(),
+    return {
         "prefill_ms": round(model.timings["prefill"][0] * 1e3, 3),
         "decode_ms_per_token": {
             "median": round(statistics.median(decode), 3) if decode else None,
@@ -190,6 +176,63 @@ def cmd_run(args) -> int:
         "dtype": model.manifest["model"]["dtype"],
         "driver": model.driver,
     }
+
+
+def _run_prompt(args) -> int:
+    from .runtime import CompiledModel
+    from .text import SamplingParams, load_tokenizer
+    from .text.generate import generate_text
+
+    tokenizer = load_tokenizer(args.dir)
+    if tokenizer is None:
+        raise CliError(f"{args.dir}: the artifact has no tokenizer (its export source carried none); give token ids with --tokens")
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, stop_token_ids=tokenizer.eos_token_ids,
+        )
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    # A chat template writes the BOS token itself.
+    prompt_ids = tokenizer.encode(text, add_special_tokens=not args.chat)
+    if not prompt_ids:
+        raise CliError("--prompt encodes to no tokens")
+    t0 = time.perf_counter()
+    model = CompiledModel(args.dir, driver=args.driver)
+    loaded = time.perf_counter()
+    limit = min(f["cache"]["max_seq_len"] for f in model.manifest["functions"].values())
+    if len(prompt_ids) + params.max_tokens > limit:
+        raise CliError(f"the prompt's {len(prompt_ids)} tokens + --max-new-tokens {params.max_tokens} exceed the exported cache length {limit}")
+    show = (lambda piece: None) if args.json else (lambda piece: print(piece, end="", flush=True))
+    gen = generate_text(model, tokenizer, prompt_ids, params, stop=args.stop, on_text=show)
+    result = {"text": gen.text, "ids": gen.ids, "prompt_ids": prompt_ids, "finish_reason": gen.finish_reason, **_timings(model, t0, loaded)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print()
+        d = result["decode_ms_per_token"]
+        _say(args, f"{len(gen.ids)} tokens ({gen.finish_reason}); prefill {result['prefill_ms']:.2f} ms; decode {d['median']} ms/token")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+    import torch
+
+    from .runtime import CompiledModel
+
+    if args.prompt is not None:
+        return _run_prompt(args)
+    rows = [_ints(r, "--tokens") for r in args.tokens.split(";")]
+    if len({len(r) for r in rows}) != 1:
+        raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
+    tokens = torch.tensor(rows, dtype=torch.int64)
+    t0 = time.perf_counter()
+    model = CompiledModel(args.dir, driver=args.driver)
+    loaded = time.perf_counter()
+    ids, logits = model.generate(tokens, args.max_new_tokens)
+    result = {"ids": ids.tolist() if len(rows) > 1 else ids[0].tolist(), **_timings(model, t0, loaded)}
     if args.compare_eager:
         eager = _eager_model(model.manifest)
         eager_ids = eager.generate(tokens, args.max_new_tokens)
@@ -238,6 +281,7 @@ def cmd_inspect(args) -> int:
         "functions": sorted(m["functions"]),
         "compile": m["compile"],
         "versions": m["versions"],
+        "tokenizer": m.get("tokenizer"),
     }
     if args.json:
         print(json.dumps(info))
@@ -248,6 +292,8 @@ def cmd_inspect(args) -> int:
     print("  paths (replica per stage):", p["paths"])
     print("parameter bytes per device:", ", ".join(f"{d}: {b}" for d, b in sorted(per_device.items(), key=lambda x: int(x[0]))))
     print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
+    tok = info["tokenizer"]
+    print("tokenizer:", "none (token ids only)" if tok is None else tok["kind"] + (f" {tok['file']}, EOS ids {tok['eos_token_ids']}" if tok["kind"] == "hf" else ""))
     if m["compile"]:
         print(f"compiled for {m['compile']['target']} in {m['compile']['seconds']} s with:", " ".join(m["compile"]["flags"]))
     else:
@@ -303,10 +349,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
     c.set_defaults(func=cmd_compile, json=False)
 
-    r = sub.add_parser("run", help="greedy generation with a compiled directory", description="Prefill the prompt, then decode greedily on the compiled module.")
+    r = sub.add_parser(
+        "run", help="generate with a compiled directory: token ids (greedy) or text",
+        description="Prefill the prompt, then decode on the compiled module: --tokens takes ids and decodes greedily; "
+        "--prompt takes text (encoded with the tokenizer the export copied), samples as --temperature/--top-k/--top-p/--seed say, "
+        "stops at the tokenizer's EOS ids or a --stop string and prints the text.",
+    )
     r.add_argument("dir", help="a compiled export directory (from `sharktank export`)")
-    r.add_argument("--tokens", required=True, help="prompt token ids, comma-separated; several sequences of one length separated by ';' (the batch must be an exported batch size)")
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tokens", help="prompt token ids, comma-separated; several sequences of one length separated by ';' (the batch must be an exported batch size)")
+    what.add_argument("--prompt", help="prompt text (batch 1; needs an artifact with a tokenizer); prints the generated text")
     r.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate (default 8)")
+    r.add_argument("--temperature", type=float, default=0.0, help="--prompt: sampling temperature (default 0: greedy)")
+    r.add_argument("--top-k", dest="top_k", type=int, default=0, help="--prompt: sample among the k most likely tokens (default 0: all)")
+    r.add_argument("--top-p", dest="top_p", type=float, default=1.0, help="--prompt: sample among the most likely tokens of this total probability (default 1)")
+    r.add_argument("--seed", type=int, help="--prompt: sampling seed (default: random)")
+    r.add_argument("--stop", action="append", default=[], help="--prompt: stop before this text (repeatable)")
+    r.add_argument("--chat", action="store_true", help="--prompt: wrap the prompt as a user message in the tokenizer's chat template")
     r.add_argument("--compare-eager", action="store_true", help="also run eager torch and print the max logit error")
     r.add_argument(
         "--driver",
@@ -334,11 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     from .export.cache_size import CacheSizeError
     from .parallel import PlanError
     from .runtime import ArtifactError, InputError
+    from .text import TokenizerError
     from .weights import WeightsError
 
     try:
         return args.func(args)
-    except (CliError, ArtifactError, InputError, WeightsError, PlanError, CacheSizeError, FileExistsError) as e:
+    except (CliError, ArtifactError, InputError, WeightsError, PlanError, CacheSizeError, TokenizerError, FileExistsError) as e:
         # User errors: one line, exit 2. Anything else is a bug and keeps its traceback.
         print(f"sharktank {args.command}: error: {e}", file=sys.stderr)
         return 2

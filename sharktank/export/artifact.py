@@ -5,6 +5,7 @@ Layout of ``DIR``:
 - ``model.mlir``: the multi-device program (kept so ``sharktank compile`` can recompile);
 - ``model.vmfb``: the compiled module (absent after ``--no-compile``);
 - ``device_{d}.irpa``: the weight shards logical device ``d`` loads (scope ``model``);
+- ``tokenizer.json``: the source's tokenizer, when it has one (see :mod:`sharktank.text.tokenizer`);
 - ``manifest.json``: everything needed to run it (see :func:`export_artifact`).
 
 Everything is written into a temporary directory beside ``DIR`` and renamed into place
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..models.llama.model import LlamaModel
+from ..text.tokenizer import export_tokenizer
 from ..weights._files import atomic_dir, atomic_file, sha256_file
 from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
@@ -128,6 +130,7 @@ def export_artifact(
     progress(f"exported in {export_seconds:.1f} s")
     with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
         (tmp / "model.mlir").write_text(mlir)
+        tokenizer = export_tokenizer(source, tmp, vocab_size=model.config.vocab_size, progress=progress)
         files = write_archives(tmp, weights, progress)
         progress(f"wrote {len(files)} parameter archives ({sum(f['size'] for f in files.values()) / 1e6:.2f} MB)")
         compile_info = None
@@ -150,6 +153,8 @@ def export_artifact(
             "compile": compile_info,
             "versions": versions(),
         }
+        if tokenizer is not None:  # see sharktank.text.load_tokenizer
+            manifest["tokenizer"] = tokenizer
         if compile:
             manifest["module"]["vmfb_sha256"] = sha256_file(tmp / "model.vmfb")
             manifest["module"]["vmfb_size"] = (tmp / "model.vmfb").stat().st_size
