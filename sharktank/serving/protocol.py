@@ -5,7 +5,9 @@ Defaults follow OpenAI's: ``temperature`` 1.0, ``max_tokens`` 16 for completions
 of the context for chat. ``top_k`` is an extension (0: no limit). Options this server does not
 implement are refused when set to anything but their no-op value (``n`` other than 1,
 ``logprobs``, ``echo``, ``best_of``, ``suffix``, penalties, ``logit_bias``); unknown fields are
-ignored, as OpenAI-style servers do.
+ignored, as OpenAI-style servers do. Extension: ``return_token_ids`` adds the generated ids
+to each choice (``token_ids``; in a stream, the ids since the previous chunk), since text
+cannot always carry them (a byte tokenizer's invalid UTF-8 decodes to U+FFFD).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class _Body(_Strict):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = False
 
     # Options this server does not implement, with the values that mean "off".
     NO_OPS: ClassVar[tuple[tuple[str, tuple], ...]] = (("n", (1,)), ("presence_penalty", (0,)), ("frequency_penalty", (0,)), ("logit_bias", (None, {})))

@@ -124,9 +124,11 @@ class _Generation:
         except RuntimeError:  # the loop is closed: the server is gone
             pass
 
-    async def pieces(self, client: HttpRequest | None) -> AsyncIterator[tuple[str, str | None]]:
-        """``(text, finish_reason)`` as tokens arrive; ``finish_reason`` is set on the last.
-        With ``client``, polls it and stops (cancelling) when it has disconnected."""
+    async def pieces(self, client: HttpRequest | None) -> AsyncIterator[tuple[str, list[int], str | None]]:
+        """``(text, token ids, finish_reason)`` as tokens arrive (the ids generated since the
+        previous piece; ``finish_reason`` set on the last). With ``client``, polls it and
+        stops (cancelling) when it has disconnected."""
+        ids: list[int] = []
         try:
             while True:
                 event = await self._next(client)
@@ -139,17 +141,19 @@ class _Generation:
                 text, stopped = "", False
                 if event.token is not None:
                     self.completion_tokens += 1
+                    ids.append(event.token)
                     if event.token not in self.eos:  # an EOS token ends the text, it is not part of it
                         text, stopped = self.detok.push(event.token)
                 if stopped:
-                    yield text, "stop"
+                    yield text, ids, "stop"
                     return  # the finally cancels the engine request
                 if event.finish_reason is not None:
                     self._finished()
-                    yield text + self.detok.finish(), event.finish_reason
+                    yield text + self.detok.finish(), ids, event.finish_reason
                     return
                 if text:
-                    yield text, None
+                    yield text, ids, None
+                    ids = []
         finally:
             self.close()
 
@@ -207,22 +211,32 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def _answer(gen: _Generation, client: HttpRequest, model: str, chat: bool, stream: bool, include_usage: bool):
+async def _answer(gen: _Generation, client: HttpRequest, model: str, chat: bool, body):
+    """The whole answer, or a server-sent event stream of chunks ending in ``[DONE]``."""
     rid, created = new_id(chat), int(time.time())
-    if not stream:
-        parts, finish = [], None
-        async for text, finish in gen.pieces(client):
+    with_ids = body.return_token_ids
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if not body.stream:
+        parts, all_ids, finish = [], [], None
+        async for text, ids, finish in gen.pieces(client):
             parts.append(text)
+            all_ids += ids
         if finish is None:  # the client left; nobody reads this
             return JSONResponse({}, status_code=499)
-        return JSONResponse(completion_object(rid, model, "".join(parts), finish, gen.usage(), chat=chat, created=created))
+        answer = completion_object(rid, model, "".join(parts), finish, gen.usage(), chat=chat, created=created)
+        if with_ids:
+            answer["choices"][0]["token_ids"] = all_ids
+        return JSONResponse(answer)
 
     async def events() -> AsyncIterator[str]:
         if chat:
             yield _sse(chunk_object(rid, model, created, chat=True, role=True))
         try:
-            async for text, finish in gen.pieces(None):  # starlette cancels this on disconnect
-                yield _sse(chunk_object(rid, model, created, chat=chat, text=text, finish_reason=finish))
+            async for text, ids, finish in gen.pieces(None):  # starlette cancels this on disconnect
+                chunk = chunk_object(rid, model, created, chat=chat, text=text, finish_reason=finish)
+                if with_ids:
+                    chunk["choices"][0]["token_ids"] = ids
+                yield _sse(chunk)
         except ApiError as e:
             yield _sse({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}})
         else:
@@ -300,7 +314,7 @@ def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[A
         body.check_supported()
         prompt = _encode(state, body.prompt)
         gen = _Generation(state, prompt, _params(body, prompt, body.max_tokens, state), body.stops())
-        return await _answer(gen, request, model_name, False, body.stream, bool(body.stream_options and body.stream_options.include_usage))
+        return await _answer(gen, request, model_name, False, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatBody, request: HttpRequest):
@@ -309,6 +323,6 @@ def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[A
         prompt = _chat_prompt(state, body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         gen = _Generation(state, prompt, _params(body, prompt, max_tokens, state), body.stops())
-        return await _answer(gen, request, model_name, True, body.stream, bool(body.stream_options and body.stream_options.include_usage))
+        return await _answer(gen, request, model_name, True, body)
 
     return app

@@ -1,5 +1,4 @@
-"""Stand-ins that follow the serving contracts (Engine, Tokenizer, DetokenizeStream) while
-the real parts are on other branches."""
+"""A stand-in that follows the Engine contract while the engine is on its own branch."""
 
 from __future__ import annotations
 
@@ -84,61 +83,8 @@ class FakeEngine:
             time.sleep(self.step_s)
 
 
-class ByteTokenizer:
-    vocab_size = 256
-    eos_token_ids = ()
-    bos_token_id = None
-    chat_template = None
-
-    def encode(self, text, *, add_special_tokens=True):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
-
-    def apply_chat_template(self, messages):
-        if self.chat_template is None:
-            raise ValueError("no chat template")
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
-
-
-class DetokenizeStream:
-    def __init__(self, tokenizer, stop=()):
-        if any(not s for s in stop):
-            raise ValueError("stop strings must not be empty")
-        self.tok, self.stop, self.ids, self.text = tokenizer, list(stop), [], ""
-
-    def push(self, token_id):
-        self.ids.append(token_id)
-        full = self.tok.decode(self.ids)
-        for s in self.stop:
-            if s in full:
-                new = full[: full.index(s)][len(self.text):]
-                self.text += new
-                return new, True
-        safe = full.rstrip("\ufffd")
-        hold = max((k for s in self.stop for k in range(1, len(s)) if safe.endswith(s[:k])), default=0)
-        safe = safe[: len(safe) - hold]
-        new = safe[len(self.text):]
-        self.text += new
-        return new, False
-
-    def finish(self):
-        full = self.tok.decode(self.ids)
-        new = full[len(self.text):]
-        self.text += new
-        return new
-
-
 def install_missing_modules():
-    """Make ``sharktank.text.stream`` and ``sharktank.serving.engine`` importable when their
-    parts have not landed yet."""
-    try:
-        import sharktank.text.stream  # noqa: F401
-    except ImportError:
-        m = types.ModuleType("sharktank.text.stream")
-        m.DetokenizeStream = DetokenizeStream
-        sys.modules["sharktank.text.stream"] = m
+    """Make ``sharktank.serving.engine`` importable while its part has not landed."""
     try:
         import sharktank.serving.engine  # noqa: F401
     except ImportError:
