@@ -268,8 +268,9 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", code="invalid_json")
-    param = ".".join(loc) or None
-    return ApiError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param)
+    # param: the top-level field (a union's member names, e.g. prompt.str, are pydantic's, not the client's)
+    where = ".".join(loc) or "body"
+    return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param=loc[0] if loc else None)
 
 
 def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[Any, Any]] | None = None) -> FastAPI:
