@@ -13,10 +13,10 @@ from .tokenizer import Tokenizer
 
 __all__ = ["DetokenizeStream"]
 
+# Decoded text ending in U+FFFD may be a character whose last bytes are still to come. It is
+# held until a complete character follows (or finish): then the text ends on a character
+# boundary, so decoding on from there agrees with decoding the whole sequence.
 _REPLACEMENT = "\ufffd"
-# A UTF-8 character has at most 4 bytes and a token at least one: a U+FFFD still there after
-# this many held tokens is an invalid byte the model produced, not a character in progress.
-_MAX_HELD_TOKENS = 4
 
 
 class DetokenizeStream:
@@ -56,8 +56,7 @@ class DetokenizeStream:
     def _decode_new(self, *, final: bool) -> str:
         before = self.tokenizer.decode(self._ids[self._prefix : self._read])
         now = self.tokenizer.decode(self._ids[self._prefix :])
-        pending = len(self._ids) - self._read
-        if not final and (len(now) <= len(before) or (now.endswith(_REPLACEMENT) and pending < _MAX_HELD_TOKENS)):
+        if not final and (len(now) <= len(before) or now.endswith(_REPLACEMENT)):
             return ""  # nothing yet, or a character still incomplete
         self._prefix, self._read = self._read, len(self._ids)
         return now[len(before) :]

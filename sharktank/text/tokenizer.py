@@ -95,8 +95,9 @@ class HFTokenizer:
         d = Path(directory)
         if not (d / TOKENIZER_FILE).is_file():
             raise TokenizerError(f"{d}: no {TOKENIZER_FILE}")
-        settings = checkpoint_settings(d)
-        return cls.from_file(d / TOKENIZER_FILE, **settings)
+        tok = cls.from_file(d / TOKENIZER_FILE)
+        settings = checkpoint_settings(d, tok.tokenizer.get_vocab(with_added_tokens=True))
+        return cls(tok.tokenizer, **settings)
 
     def _token_string(self, i: int | None) -> str:
         return "" if i is None else (self.tokenizer.id_to_token(i) or "")
@@ -155,17 +156,15 @@ def _id_list(value: Any) -> list[int]:
     return [value] if isinstance(value, int) else [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
 
-def checkpoint_settings(directory: Path) -> dict:
-    """``eos_token_ids``, ``bos_token_id`` and ``chat_template`` of a checkpoint directory."""
-    from tokenizers import Tokenizer as _Tokenizer
-
+def checkpoint_settings(directory: Path, vocab: dict[str, int]) -> dict:
+    """``eos_token_ids``, ``bos_token_id`` and ``chat_template`` of a checkpoint directory
+    (``vocab``: its tokenizer's token ids, to resolve tokens named by their text)."""
     cfg = _read_json(directory / "tokenizer_config.json")
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     if template is None and (directory / "chat_template.jinja").is_file():
         template = (directory / "chat_template.jinja").read_text()
-    vocab = _Tokenizer.from_file(str(directory / TOKENIZER_FILE)).get_vocab(with_added_tokens=True)
     bos = vocab.get(_content(cfg.get("bos_token")))
     eos = _id_list(_read_json(directory / "generation_config.json").get("eos_token_id"))
     eos = eos or _id_list(_read_json(directory / "config.json").get("eos_token_id"))
@@ -199,7 +198,13 @@ def export_tokenizer(source: str, directory: Path, *, vocab_size: int, progress=
             tok = HFTokenizer.from_checkpoint(path)
             (directory / TOKENIZER_FILE).write_bytes((path / TOKENIZER_FILE).read_bytes())
         elif path.suffix == ".gguf" and _gguf_has_tokenizer(path):
-            tok = tokenizer_from_gguf(path)
+            from ._gguf import UnsupportedTokenizer
+
+            try:
+                tok = tokenizer_from_gguf(path)
+            except UnsupportedTokenizer as e:  # the model still exports; `run --tokens` takes ids
+                progress(f"no tokenizer copied: {e}")
+                return None
             tok.tokenizer.save(str(directory / TOKENIZER_FILE))
         else:
             progress(f"{source} carries no tokenizer; the artifact will take token ids only")

@@ -84,3 +84,17 @@ def write_gguf_tokenizer(path: Path, *, add_bos: bool = True) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_gguf_stub(path: Path, model: str | None) -> None:
+    """A GGUF whose tokenizer metadata is only a model kind and two tokens (or nothing)."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    if model:
+        w.add_tokenizer_model(model)
+        w.add_token_list(["a", "b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
