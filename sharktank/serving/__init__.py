@@ -1,1 +1,1 @@
-"""Serving: the batching engine and the OpenAI-compatible HTTP server (``sharktank serve``)."""
+"""Serving compiled models: the continuous-batching engine (engine.py) and the HTTP server above it."""
