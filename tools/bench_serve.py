@@ -33,16 +33,17 @@ REQUEST_TIMEOUT_S = 120
 
 
 @contextmanager
-def served(artifact: str, start_timeout: float = 180):
-    """The base URL of ``sharktank serve artifact --port 0``, stopped on exit."""
-    p = subprocess.Popen([sys.executable, "-m", "sharktank.cli", "serve", artifact, "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+def served(artifact: str, *options: str, start_timeout: float = 180):
+    """The base URL of ``sharktank serve artifact --port 0 *options`` once it says it is ready; stopped on exit."""
+    cmd = [sys.executable, "-m", "sharktank.cli", "serve", artifact, "--port", "0", *options]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         lines: list[str] = []
         threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True).start()
         deadline = time.monotonic() + start_timeout
         while not any(" at http://" in line for line in lines):
             if p.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"sharktank serve did not become ready (exit {p.poll()}): {''.join(lines)[-2000:]}")
+                raise RuntimeError(f"sharktank serve did not become ready (exit {p.poll()}): {''.join(lines)[-2000:]}")
             time.sleep(0.05)
         yield next(line for line in lines if " at http://" in line).split(" at ")[1].split("/v1")[0]
     finally:

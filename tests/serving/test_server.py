@@ -8,7 +8,6 @@ stored values. Every server is stopped in its fixture's finalizer; every wait ha
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -17,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from bench_serve import served  # noqa: E402
+from cli.test_export_run import sharktank  # noqa: E402
 from live import LiveServer  # noqa: E402
 
 from sharktank.runtime import CompiledModel  # noqa: E402
@@ -29,16 +32,8 @@ from sharktank.serving.engine import Engine  # noqa: E402
 from sharktank.serving.server import create_app  # noqa: E402
 from sharktank.text.tokenizer import ByteTokenizer, render_chat_template  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "toy"
 TIMEOUT = 30  # seconds, for any one request
-
-
-def sharktank(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "sharktank.cli", *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    if check and p.returncode != 0:
-        raise AssertionError(f"sharktank {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -304,25 +299,8 @@ def test_sharktank_serve_command(artifact, tmp_path):
         assert option in help_text
     bad = sharktank("serve", tmp_path, check=False)
     assert bad.returncode == 2 and "no manifest.json" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
-    p = subprocess.Popen([sys.executable, "-m", "sharktank.cli", "serve", artifact, "--port", "0", "--max-batch", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + 60
-        while not any("serving" in line for line in lines):
-            assert p.poll() is None and time.monotonic() < deadline, f"serve did not announce its URL: {lines} {p.poll()}"
-            time.sleep(0.05)
-        url = next(line for line in lines if "serving" in line).split(" at ")[1].split("/v1")[0]
+    with served(str(artifact), "--max-batch", "1", start_timeout=60) as url:
         assert url.startswith("http://127.0.0.1:")
         assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
         r = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "cli", "max_tokens": 3}, timeout=TIMEOUT)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
