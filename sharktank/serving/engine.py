@@ -182,7 +182,9 @@ class Engine:
                 else:
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
-        finally:
+        finally:  # stopped, or a bug ended the loop: no request may wait for it
+            with self._lock:
+                self._stopped = True
             self._fail_all("the engine stopped before this request finished")
 
     def _retire_cancelled(self) -> None:
