@@ -365,6 +365,63 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+# --- serve -------------------------------------------------------------------------------------
+def _serve_loader(args):
+    """Loads the artifact's model, engine and tokenizer (on the server's loading thread)."""
+
+    def load():
+        from .runtime import CompiledModel
+        from .serving.engine import Engine
+        from .text import load_tokenizer
+
+        tokenizer = load_tokenizer(args.dir)
+        if tokenizer is None:
+            raise CliError(f"{args.dir}: the artifact has no tokenizer (its export source carried none); serve needs one to return text")
+        engine = Engine(CompiledModel(args.dir, driver=args.driver), batch_size=args.max_batch, max_queue=args.max_queue)
+        return engine, tokenizer
+
+    return load
+
+
+def _announce(server, state, args, host: str) -> None:
+    """Print the URL once the model is loaded and the socket bound; stop the server if loading failed."""
+    while not server.should_exit:
+        if state.error:
+            print(f"sharktank serve: error: {state.error}", file=sys.stderr, flush=True)
+            server.should_exit = True
+            return
+        if state.ready.is_set() and server.started:
+            port = server.servers[0].sockets[0].getsockname()[1] if server.servers else args.port
+            print(f"serving {state.model_name} at http://{host}:{port}/v1 (health: http://{host}:{port}/health); Ctrl-C stops", flush=True)
+            return
+        time.sleep(0.05)
+
+
+def cmd_serve(args) -> int:
+    import threading
+
+    try:
+        import uvicorn
+
+        from .serving.server import create_app
+    except ImportError as e:
+        raise CliError(f"serve needs the web server packages ({e.name} is missing): pip install 'sharktank[serve]'") from None
+    from .runtime import read_manifest
+
+    read_manifest(args.dir)  # not an artifact: one line now, not after the server started
+    if args.max_queue < 0:
+        raise CliError(f"--max-queue must be >= 0, found {args.max_queue}")
+    name = args.model_name or Path(args.dir).resolve().name
+    app = create_app(None, None, name, load=_serve_loader(args))
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"sharktank serve: warning: listening on {args.host}: the API has no authentication; anyone who can reach this port can use it", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5))
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    threading.Thread(target=_announce, args=(server, app.state.serving, args, host), daemon=True).start()
+    server.run()
+    return 2 if app.state.serving.error or not server.started else 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from .export.cache_size import DEFAULT_MAX_SEQ_LEN
@@ -449,6 +506,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--save-logits", help="write the logits of every step to this .npy file")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)
+
+    v = sub.add_parser(
+        "serve", help="serve a compiled directory over an OpenAI-compatible HTTP API",
+        description="Load DIR and serve /v1/completions, /v1/chat/completions (when the tokenizer has a chat template), "
+        "/v1/models and /health (503 while loading, then 200). Requests are batched by the engine: up to --max-batch "
+        "generate together, up to --max-queue more wait, and any beyond get 429. The API has no authentication: it "
+        "listens on 127.0.0.1 unless --host says otherwise.",
+    )
+    v.add_argument("dir", help="a compiled export directory with a tokenizer (from `sharktank export`)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
+    v.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one, printed when ready)")
+    v.add_argument("--max-batch", dest="max_batch", type=int, help="requests generating at once: one of the exported batch sizes (default the largest)")
+    v.add_argument("--max-queue", dest="max_queue", type=int, default=64, help="requests waiting for a free batch row before new ones get 429 (default 64)")
+    v.add_argument("--model-name", dest="model_name", help="the model id clients send and /v1/models lists (default DIR's name)")
+    v.add_argument(
+        "--driver", choices=[d for t in TARGETS.values() for d in t.drivers],
+        help="IREE runtime driver (default: the one compiled for; CPU: local-task or local-sync)",
+    )
+    v.add_argument("--log-level", dest="log_level", default="warning", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's log level (default warning)")
+    v.set_defaults(func=cmd_serve)
 
     i = sub.add_parser("inspect", help="describe an exported directory", description="Devices per stage, parameter bytes per device, transfers per function, compile flags.")
     i.add_argument("dir", help="an export directory (from `sharktank export`)")

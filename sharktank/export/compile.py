@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+import sys
 from dataclasses import dataclass
 
-__all__ = ["TARGETS", "Target", "compile_flags", "compile_mlir"]
+__all__ = ["TARGETS", "Target", "compile_flags", "compile_mlir", "drop_known_noise"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,29 @@ def compile_flags(device_count: int, target: str = "cpu", target_arch: str | Non
 
 
 def compile_mlir(mlir: str, device_count: int, target: str = "cpu", target_arch: str | None = None, extra: tuple[str, ...] = ()) -> bytes:
-    """Compile MLIR text to a VM flatbuffer for ``device_count`` logical devices."""
+    """Compile MLIR text to a VM flatbuffer for ``device_count`` logical devices. The
+    compiler's messages go to stderr, less the known spurious one (:func:`drop_known_noise`)."""
+    import io
+
     import iree.compiler as ic
 
-    return ic.compile_str(mlir, extra_args=compile_flags(device_count, target, target_arch, extra))
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            return ic.compile_str(mlir, extra_args=compile_flags(device_count, target, target_arch, extra))
+    finally:
+        sys.stderr.write(drop_known_noise(buffer.getvalue()))
+
+
+# IREE 3.10 in asynchronous initialisation mode (the CPU target's) reports each parameter the
+# program reads as stored rather than through a packed copy (the embedding table) with
+# "error: immutable global '@...__timepoint' is initialized both by initial value and by store
+# in initializer", plus the source line and a caret, and compiles on. The modules are right
+# (every compiled path is compared with eager torch in the tests), and on the CPU such a
+# parameter is mapped from its archive before the first call, so nothing can read it early.
+_NOISE = re.compile(r"^.*error: immutable global '@[^']*__timepoint' is initialized both by initial value and by store in initializer\n(?:.*\n)?(?:\s*\^\s*\n)?", re.M)
+
+
+def drop_known_noise(text: str) -> str:
+    """``text`` without the spurious IREE 3.10 timepoint diagnostic (see above)."""
+    return _NOISE.sub("", text)

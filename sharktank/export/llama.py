@@ -4,7 +4,11 @@ Functions, for each batch size ``B``:
 
 - ``prefill_bs{B}(tokens[B, S], positions[B, S], *cache) -> (logits[B, S, vocab], *cache)``
   with a dynamic sequence length ``S``;
-- ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``.
+- ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``;
+- for ``B > 1``, ``prefill_row_bs{B}(tokens[1, S], positions[1, S], row[1], *cache) ->
+  (logits[1, S, vocab], *cache)``: one prompt prefilled into batch row ``row`` of the batch-B
+  cache, every other row left as it was (continuous batching admits a request into a free
+  row this way). For ``B = 1`` it would be ``prefill_bs1``, so it is not exported.
 
 Logits and cache are in the model's dtype; bfloat16 logits are returned as their int16 bits
 (numpy, and so the IREE Python runtime, has no bfloat16), which the runtime reinterprets.
@@ -29,7 +33,7 @@ import torch.utils._pytree as pytree
 from .. import ops
 from ..models.llama.model import KVCache, LlamaModel
 from ..models.llama.sharding import StageWeights
-from ..types import QuantizedTensor, ShardedTensor
+from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor
 from ..weights import WeightSource
 from .program import arg_devices
 
@@ -244,6 +248,51 @@ def cache_arg_specs(leaves: list[torch.Tensor], devices: list[int]) -> list[dict
     ]
 
 
+def _local_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
+    return (row - start).clamp(0, n - 1)
+
+
+def _holds_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
+    # Clamping leaves it unchanged exactly when it is in range (IREE does not lower `&` of booleans).
+    return ((row - start) == _local_row(row, start=start, n=n)).reshape(-1, 1, 1, 1)
+
+
+def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: list, paths: list[int], rows: list, first_device: int):
+    """``(logits [1, S, vocab], new entries)``: the prompt ``tokens`` prefilled into batch row
+    ``row`` (``[1]`` int64 on ``first_device``) of a cache whose microbatches are ``paths``/``rows``.
+
+    Each cache entry's row is taken out with ``index_select`` (a ``[1, T, kv, hd]`` slice, the
+    index replicated to the entry's devices), the slice runs through ``forward_path`` as a
+    batch of one, and is written back with ``index_put``; no other row is read into or
+    written. The row is a runtime value, so with several microbatches the owning one cannot
+    be chosen while tracing: each microbatch prefills its clamped local row along its own
+    path (on its own devices), writes back its old slice unless it holds the row (a
+    ``where``: bit-exact), and the logits are those of the owner."""
+    home = ReplicatedTensor(ts=[row], devices=(first_device,))
+    at: dict[tuple[int, ...], ReplicatedTensor] = {}  # device group -> the row index there
+
+    def row_on(devices):
+        if devices not in at:
+            at[devices] = ops.replicate(home, devices=devices)
+        return at[devices]
+
+    batch = sum(n for _, n in rows)
+    logits, new_entries = None, []
+    for m, (path, (start, n)) in enumerate(zip(paths, rows)):
+        origin = model.input_device(path)
+        tok, pos = (tokens, positions) if origin == first_device else (ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
+        whole = n == batch  # one microbatch holds every row: no mask
+        local = lambda c: row_on(c.devices) if whole else ops.elementwise(_local_row, row_on(c.devices), start=start, n=n)
+        old = [tuple(ops.index_select(c, 0, local(c)) for c in kv) for kv in entries[m]]
+        out, new = model.forward_path(tok, pos, old, path, stages)
+        if not whole:
+            keep = [ops.elementwise(_holds_row, row_on(kv[0].devices), start=start, n=n) for kv in new]
+            new = [tuple(ops.elementwise(torch.where, h, c, o) for c, o in zip(kv, okv)) for kv, okv, h in zip(new, old, keep)]
+        new_entries.append([tuple(ops.index_put(c, [local(c)], nc) for c, nc in zip(kv, nkv)) for kv, nkv in zip(entries[m], new)])
+        logits = out if logits is None else torch.where(_holds_row(row, start=start, n=n)[:, :, :, 0], out, logits)
+    return logits, new_entries
+
+
 def export_llama(
     model: LlamaModel,
     batch_sizes: tuple[int, ...] = (1,),
@@ -292,33 +341,37 @@ def export_llama(
                 out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: return the bits
             return (out, *flat_new)
 
-        devices = [first_device, first_device, *cache_devices]
-        arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
-        for kind, seq in (("prefill", 8), ("decode", 1)):
+        def forward_row(module, tokens, positions, row, *cache_leaves):
+            entries = pytree.tree_unflatten(list(cache_leaves), spec)
+            out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
+            if out.dtype == torch.bfloat16:
+                out = out.view(torch.int16)
+            return (out, *pytree.tree_leaves(new_entries))
+
+        cache_args = cache_arg_specs(leaves, cache_devices)
+        # prefill_row_bs1 would be prefill_bs1: exported only for batches of several rows.
+        for kind, seq in (("prefill", 8), ("decode", 1)) + ((("prefill_row", 8),) if b > 1 else ()):
             name = f"{kind}_bs{b}"
-            tokens = torch.zeros(b, seq, dtype=torch.int64)
-            positions = torch.arange(seq)[None, :].expand(b, seq).clone()
-            args = (tokens, positions, *leaves)
+            rows_in = 1 if kind == "prefill_row" else b
+            tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
+            positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
+            named = [("tokens", tokens), ("positions", positions)] + ([("row", torch.zeros(1, dtype=torch.int64))] if kind == "prefill_row" else [])
+            args = (*(a for _, a in named), *leaves)
             dynamic = None
-            if kind == "prefill":
+            if kind != "decode":
                 s = torch.export.Dim("seq_len", min=2, max=t)
-                dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
-            trace_program(fxb, forward, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls)
+                dynamic = ({1: s}, {1: s}, *([None] if kind == "prefill_row" else []), tuple([None] * len(leaves)))
+            devices = [first_device] * len(named) + cache_devices
+            arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
+            fn = forward_row if kind == "prefill_row" else forward
+            trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls)
+            length = 1 if kind == "decode" else "S"
             specs[name] = {
                 "batch_size": b,
-                "args": [
-                    {"name": "tokens", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
-                    {"name": "positions", "shape": [b, "S" if kind == "prefill" else 1], "dtype": "int64", "device": first_device},
-                ]
-                + cache_arg_specs(leaves, cache_devices),
-                "results": [
-                    {
-                        "name": "logits",
-                        "shape": [b, "S" if kind == "prefill" else 1, model.config.vocab_size],
-                        "dtype": logits_dtype,
-                    }
-                ]
-                + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
+                "args": [{"name": n, "shape": [rows_in, length] if n != "row" else [1], "dtype": "int64", "device": first_device} for n, _ in named]
+                + cache_args,
+                "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": logits_dtype}]
+                + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }
     return import_programs(fxb), weights, specs

@@ -209,20 +209,27 @@ class CompiledModel:
             raise InputError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
             raise InputError(f"position {int(positions.max())} is past the exported cache length {limit}")
-        if not isinstance(cache, (list, tuple)) or len(cache) != len(spec["args"]) - 2:
+        count = sum(a["name"].startswith("cache.") for a in spec["args"])
+        if not isinstance(cache, (list, tuple)) or len(cache) != count:
             found = len(cache) if isinstance(cache, (list, tuple)) else type(cache).__name__
-            raise InputError(f"{name} takes a cache of {len(spec['args']) - 2} arrays (from new_cache or the previous call), found {found}")
+            raise InputError(f"{name} takes a cache of {count} arrays (from new_cache or the previous call), found {found}")
 
-    def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> tuple[torch.Tensor, list]:
+    def forward(
+        self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *, batch: int | None = None, row: int | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """One call of ``{kind}_bs{batch}`` (``batch``: by default the tokens' rows; ``row``:
+        the batch row a ``prefill_row`` function writes)."""
         _check_tokens(tokens)
-        name, spec = self._function(kind, tokens.shape[0])
+        name, spec = self._function(kind, tokens.shape[0] if batch is None else batch)
         self._check_inputs(name, tokens, positions, cache, spec)
         devices = [a["device"] for a in spec["args"]]
         t0 = time.perf_counter()
-        inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1]), *cache]
-        out = self.session.invoke(name, inputs)
+        inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
+        if row is not None:
+            inputs.append(self.session.place(np.array([row], np.int64), devices[2]))
+        out = self.session.invoke(name, [*inputs, *cache])
         logits = self._to_torch(out[0])
-        self.timings[kind].append(time.perf_counter() - t0)
+        self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])
 
     def _to_torch(self, array) -> torch.Tensor:
@@ -236,6 +243,31 @@ class CompiledModel:
         cache = cache if cache is not None else self.new_cache(tokens.shape[0])
         positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
         return self.forward("prefill", tokens, positions, cache)
+
+    def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
+        """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
+        into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
+        :meth:`new_cache` or a previous call); the other rows are left as they were."""
+        _check_tokens(tokens)
+        if tokens.shape[0] != 1:
+            raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
+        batch = self._cache_batch(cache)
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:
+            raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
+        positions = torch.arange(tokens.shape[1])[None, :]
+        if batch == 1:  # prefill_row_bs1 would be prefill_bs1 (not exported)
+            return self.forward("prefill", tokens, positions, cache)
+        return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row)
+
+    def _cache_batch(self, cache: list) -> int:
+        """The batch size whose cache arrays have the shapes of ``cache``'s."""
+        shapes = [list(a.shape) for a in cache] if isinstance(cache, (list, tuple)) and all(hasattr(a, "shape") for a in cache) else None
+        for spec in self.manifest["functions"].values():
+            if shapes == [a["shape"] for a in spec["args"] if a["name"].startswith("cache.")]:
+                return spec["batch_size"]
+        sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
+        found = shapes if shapes is not None else type(cache).__name__
+        raise InputError(f"the cache matches no exported batch size {sizes} (from new_cache(batch)); found arrays of shapes {found}")
 
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""

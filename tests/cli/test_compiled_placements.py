@@ -49,7 +49,10 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
     model = load_model(checkpoint(str(root), layers), **kwargs)
     out = tmp_path_factory.mktemp(name) / "art"
     manifest = export_artifact(model, out, source=str(checkpoint(str(root), layers)), batch_sizes=(batch,), max_seq_len=16)
-    assert manifest["transfers"] == {f"prefill_bs{batch}": transfers, f"decode_bs{batch}": transfers}
+    want_transfers = {f"prefill_bs{batch}": transfers, f"decode_bs{batch}": transfers}
+    if batch > 1:  # prefill_row also sends the row index from device 0 to the 7 others
+        want_transfers[f"prefill_row_bs{batch}"] = transfers + 7
+    assert manifest["transfers"] == want_transfers
     compiled = CompiledModel(out)
     tokens = torch.tensor([[3, 14, 15, 9, 2, 6], [5, 35, 8, 9, 7, 9]])[:batch]
 
@@ -64,3 +67,6 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
 
     ids, _ = compiled.generate(tokens, 6)
     assert torch.equal(ids, model.generate(tokens, 6))
+    if batch > 1:  # the last row belongs to the last microbatch (its own path)
+        got, _ = compiled.prefill_row(tokens[-1:], batch - 1, compiled.new_cache(batch))
+        assert (got - model.prefill(tokens[-1:])).abs().max().item() <= 1e-4

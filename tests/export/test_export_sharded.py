@@ -201,3 +201,18 @@ def test_absent_dialect_module_misses_are_immediate_and_undone():
             importlib.import_module(name)
         assert sys.modules["iree.compiler.dialects"] is not None
     assert name not in sys.modules
+
+
+def test_only_the_known_spurious_compiler_message_is_dropped():
+    from sharktank.export.compile import drop_known_noise
+
+    noise = (
+        "<stdin>:44:3: error: immutable global '@__auto.model.embed_tokens.weight@d0__timepoint' is initialized both by "
+        "initial value and by store in initializer\n"
+        '  util.global private @"__auto.model.embed_tokens.weight@d0" = #flow.parameter.named<"model"::"e"> : tensor<8x4xf32>\n'
+        "  ^\n"
+    )
+    other = "<stdin>:7:1: error: immutable global '@w' is initialized both by initial value and by store in initializer\n  ^\n"
+    warning = "<stdin>:9:1: warning: something else\n"
+    assert drop_known_noise(noise + warning + noise) == warning
+    assert drop_known_noise(other) == other  # not a timepoint global: kept

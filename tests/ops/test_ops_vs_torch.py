@@ -57,8 +57,11 @@ REFUSALS: dict[str, tuple[str, list[str]]] = {  # case -> (op named in the messa
     **{op: (op, [_NO_IMPL]) for op in ("all_gather", "all_reduce", "reduce_scatter", "sharded_cat", "sharded_sum")},
 }
 
-# Least share of an op's drawn combinations that must compare values (the rest refused).
-MIN_COMPARED_SHARE = 0.05
+# Least share of an op's drawn combinations that must compare values (the rest refused):
+# a guard against draws drifting to refusals only. Hypothesis already makes every op compare
+# values in max_examples examples; sdpa_gqa, whose q, k and v must all be split on heads,
+# compares in 5-7 % of its draws and the count moves between runs, so the floor is 2 %.
+MIN_COMPARED_SHARE = 0.02
 
 
 def _refusal_ok(name: str, kinds, e: Exception) -> None:

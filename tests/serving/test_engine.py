@@ -1,0 +1,311 @@
+"""Continuous batching: prefill_row against the compiled single-prompt prefill and eager torch,
+and the engine's outputs against CompiledModel.generate for each prompt alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sharktank.export.artifact import export_artifact
+from sharktank.models import load_model
+from sharktank.runtime import CompiledModel
+from sharktank.runtime.compiled import InputError
+from sharktank.serving.engine import Engine, Event, QueueFull
+from sharktank.text.sampling import SamplingParams
+
+T = 32  # cache length
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("engine") / "art"
+    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(1, 4), max_seq_len=T)
+    return CompiledModel(out, driver="local-sync")
+
+
+@pytest.fixture
+def engines(compiled):
+    """Engines made by ``make(**kwargs)``, started, and stopped (thread joined) at the end."""
+    made = []
+
+    def make(model=compiled, start=True, **kwargs):
+        e = Engine(model, **kwargs)
+        made.append(e)
+        if start:
+            e.start()
+        return e
+
+    yield make
+    for e in made:
+        e.stop()
+    assert not any(e.running for e in made)
+
+
+class Collect:
+    """An ``on_event`` that keeps the events and says when the last one came."""
+
+    def __init__(self, then=None):
+        self.events: list[Event] = []
+        self.done = threading.Event()
+        self.then = then  # called with (self, event) on the engine thread
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if self.then:
+            self.then(self, event)
+        if event.finish_reason is not None:
+            self.done.set()
+
+    def wait(self) -> "Collect":
+        assert self.done.wait(WAIT_S), f"no last event within {WAIT_S} s; got {self.events}"
+        return self
+
+    @property
+    def ids(self) -> list[int]:
+        return [e.token for e in self.events if e.token is not None]
+
+    @property
+    def reason(self) -> str:
+        return self.events[-1].finish_reason
+
+
+def run_alone(engine: Engine, prompt, params) -> Collect:
+    c = Collect()
+    engine.submit(prompt, params, c)
+    return c.wait()
+
+
+def greedy(compiled, prompt, n) -> list[int]:
+    return compiled.generate(torch.tensor([prompt]), n)[0][0].tolist()
+
+
+def host(cache) -> list[np.ndarray]:
+    return [np.array(a.to_host()) for a in cache]
+
+
+PROMPTS = [[(7 * i + 3 * j + 1) % 256 for j in range(3 + (5 * i) % 11)] for i in range(8)]
+
+
+# --- prefill_row ---------------------------------------------------------------------------
+def test_prefill_row_matches_prefill_alone_and_touches_only_its_row(compiled):
+    cache = compiled.new_cache(4)
+    for r in range(4):  # every row holds some other prompt first
+        _, cache = compiled.prefill_row(torch.tensor([PROMPTS[r + 4]]), r, cache)
+    tokens = torch.tensor([PROMPTS[1]])
+    alone, alone_cache = compiled.prefill(tokens)
+    eager = load_model("toy-llama").prefill(tokens)
+    s = tokens.shape[1]
+    for r in (2, 0, 3):
+        before = host(cache)
+        logits, cache = compiled.prefill_row(tokens, r, cache)
+        after = host(cache)
+        assert torch.equal(logits, alone) and (logits - eager).abs().max().item() <= 1e-4
+        for b, a, one in zip(before, after, host(alone_cache), strict=True):
+            assert np.array_equal(np.delete(a, r, 0), np.delete(b, r, 0))  # other rows: byte-identical
+            assert np.array_equal(a[r, :s], one[0, :s])  # the row: the prompt's keys and values
+            assert np.array_equal(a[r, s:], b[r, s:])  # past the prompt: not written
+    with pytest.raises(InputError, match=r"row must be an integer in \[0, 4\) for a batch-4 cache, found 4"):
+        compiled.prefill_row(tokens, 4, cache)
+    with pytest.raises(InputError, match=r"takes one prompt \(tokens \[1, S\]\), found tokens \[2, 3\]"):
+        compiled.prefill_row(torch.zeros(2, 3, dtype=torch.int64), 0, cache)
+    with pytest.raises(InputError, match="the cache matches no exported batch size"):
+        compiled.prefill_row(tokens, 0, cache[:-1])
+    with pytest.raises(InputError, match="past the exported cache length 32"):
+        compiled.prefill_row(torch.zeros(1, T + 1, dtype=torch.int64), 0, cache)
+
+
+def test_prefill_row_tp2_pp2(tmp_path):
+    model = load_model("toy-llama", tp=2, pp=2)
+    manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16)
+    # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
+    assert manifest["transfers"] == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3}
+    assert [a["name"] for a in manifest["functions"]["prefill_row_bs2"]["args"][:4]] == ["tokens", "positions", "row", "cache.0"]
+    assert manifest["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
+    compiled = CompiledModel(tmp_path / "art", driver="local-sync")
+    first, second = torch.tensor([[9, 8, 7, 6, 5]]), torch.tensor([[1, 2, 3]])
+    _, cache = compiled.prefill_row(first, 0, compiled.new_cache(2))
+    before = host(cache)
+    logits, cache = compiled.prefill_row(second, 1, cache)
+    assert (logits - model.prefill(second)).abs().max().item() <= 1e-4
+    for b, a in zip(before, host(cache), strict=True):
+        assert np.array_equal(a[0], b[0])
+    # Both rows decode on from their own prompts as eager does for each alone.
+    nxt = torch.tensor([11, 12])
+    got, _ = compiled.decode(nxt, cache, torch.tensor([5, 3]))
+    for r, prompt in enumerate((first, second)):
+        c = model.new_cache(1, 16)
+        model.prefill(prompt, c)
+        want = model.decode(nxt[r : r + 1], c, torch.tensor([prompt.shape[1]]))
+        assert (got[r : r + 1] - want).abs().max().item() <= 1e-4
+
+
+# --- the engine ---------------------------------------------------------------------------
+def test_concurrent_requests_match_each_alone(compiled, engines):
+    # Expectations first: the test calls the model only while no engine does.
+    lengths = [5 + (3 * i) % 9 for i in range(8)]
+    want = [greedy(compiled, prompt, n) for prompt, n in zip(PROMPTS, lengths)]
+    engine = engines(max_queue=16)
+    assert (engine.batch_size, engine.max_seq_len, engine.vocab_size) == (4, T, 256)
+    sampled = SamplingParams(max_tokens=9, temperature=0.9, top_k=40, seed=5)
+    alone = run_alone(engine, PROMPTS[2], sampled).ids
+    collectors, order = [], []  # order: (request, event) as delivered
+    for i, (prompt, n) in enumerate(zip(PROMPTS, lengths)):  # 8 requests for 4 rows: some wait
+        collectors.append(Collect(lambda c, e, i=i: order.append((i, e))))
+        engine.submit(prompt, SamplingParams(max_tokens=n), collectors[-1])
+        if i == 5:
+            together = Collect()
+            engine.submit(PROMPTS[2], sampled, together)
+    for w, c in zip(want, collectors):
+        c.wait()
+        assert c.reason == "length" and c.ids == w
+        assert all(e.finish_reason is None for e in c.events[:-1])
+    assert together.wait().ids == alone and len(alone) == 9
+    # Continuous, not static, batching: request 4 starts when the first rows free up
+    # (requests 0 and 3 take 5 tokens), while request 2 (11 tokens) still runs.
+    first_of_4 = next(k for k, (i, _) in enumerate(order) if i == 4)
+    last_of_2 = max(k for k, (i, _) in enumerate(order) if i == 2)
+    assert first_of_4 < last_of_2
+
+
+def test_reused_row_shows_nothing_of_its_previous_request(engines):
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    fresh = run_alone(engines(), PROMPTS[0], params).ids
+    engine = engines()
+    long = run_alone(engine, PROMPTS[7], SamplingParams(max_tokens=T - len(PROMPTS[7])))  # row 0, to the cache's end
+    assert long.reason == "length" and len(long.ids) == T - len(PROMPTS[7])
+    assert run_alone(engine, PROMPTS[0], params).ids == fresh  # row 0 again
+
+
+def test_stop_token_ends_with_reason_stop(compiled, engines):
+    ids = greedy(compiled, PROMPTS[3], 8)
+    k = 3 + next(i for i, t in enumerate(ids[3:]) if t not in ids[:3])  # first token not seen before
+    c = run_alone(engines(), PROMPTS[3], SamplingParams(max_tokens=8, stop_token_ids=(ids[k],)))
+    assert c.ids == ids[: k + 1] and c.reason == "stop" and c.events[-1].token == ids[k]
+
+
+def test_cancel_frees_the_row_for_a_waiting_request(compiled, engines):
+    want = {i: greedy(compiled, PROMPTS[i], 16 if i < 4 else 5) for i in range(5)}
+    engine = engines(start=False)  # all queued first: rows 0-3 get requests 0-3
+    long = SamplingParams(max_tokens=16)
+
+    ended = []  # the requests in the order their last events came
+
+    def log(c, event):
+        if event.finish_reason is not None:
+            ended.append(c)
+        if c is running[1] and len(c.events) == 3:
+            c.request.cancel()
+
+    running = [Collect(log) for i in range(4)]
+    waiting, dropped = Collect(log), Collect(log)
+    for i, c in enumerate(running):
+        c.request = engine.submit(PROMPTS[i], long, c)
+    dropped_request = engine.submit(PROMPTS[5], long, dropped)
+    dropped_request.cancel()  # cancelled while queued: no token
+    engine.submit(PROMPTS[4], SamplingParams(max_tokens=5), waiting)
+    engine.start()
+    assert dropped.wait().events == [Event(None, "cancelled")]
+    cancelled = running[1].wait()
+    assert cancelled.ids == want[1][:3] and cancelled.events[-1] == Event(None, "cancelled")
+    # The freed row takes the waiting request while the other three still run.
+    assert waiting.wait().ids == want[4]
+    for i, c in enumerate(running):
+        if i != 1:
+            assert c.wait().ids == want[i]
+    assert ended[:3] == [dropped, running[1], waiting]
+
+
+def test_submit_refuses_what_the_model_cannot_take(engines):
+    engine = engines(start=False, max_queue=2)
+    ok = SamplingParams(max_tokens=4)
+    for prompt, params, message in [
+        ([], ok, "the prompt must be a non-empty list of token ids"),
+        ([1, 256], ok, r"token ids must be in \[0, 256\), found \[256\]"),
+        ([-1, 2], ok, r"token ids must be in \[0, 256\), found \[-1\]"),
+        ([1, 2.0], ok, r"token ids must be integers, found \['float', 'int'\]"),
+        (list(range(T + 1)), ok, "a prompt of 33 tokens plus max_tokens 4 is 37, past the exported cache length 32"),
+        ([1, 2, 3], SamplingParams(max_tokens=30), "a prompt of 3 tokens plus max_tokens 30 is 33, past the exported cache length 32"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            engine.submit(prompt, params, Collect())
+    queued = [Collect(), Collect()]
+    for c in queued:
+        engine.submit([1, 2], ok, c)
+    with pytest.raises(QueueFull, match=r"2 requests are waiting \(max_queue 2\)"):
+        engine.submit([1, 2], ok, Collect())
+    engine.stop()  # never started: the waiting requests end at once
+    for c in queued:
+        assert c.done.is_set() and c.events == [Event(None, "error", "the engine stopped before this request finished")]
+    with pytest.raises(RuntimeError, match="the engine is stopped"):
+        engine.submit([1, 2], ok, Collect())
+    with pytest.raises(InputError, match=r"batch_size must be an exported batch size \[1, 4\], found 2"):
+        Engine(engine.model, batch_size=2)
+
+
+class Hooked:
+    """The compiled model, with ``hook(n)`` run before its ``n``-th call of ``name``."""
+
+    def __init__(self, model, name: str, hook):
+        self.model, self.name, self.hook, self.calls = model, name, hook, 0
+
+    def __getattr__(self, attr):
+        fn = getattr(self.model, attr)
+        if attr != self.name:
+            return fn
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            self.hook(self.calls)
+            return fn(*args, **kwargs)
+
+        return call
+
+
+def test_stop_ends_the_loop_within_a_second(compiled, engines):
+    engine = engines(model=Hooked(compiled, "decode", lambda n: time.sleep(0.05)))  # slow steps
+    busy = [Collect() for _ in range(6)]
+    for i, c in enumerate(busy):
+        engine.submit(PROMPTS[i], SamplingParams(max_tokens=T - len(PROMPTS[i])), c)
+    end = time.monotonic() + WAIT_S
+    while len(busy[0].events) < 2 and time.monotonic() < end:
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    engine.stop()
+    assert time.perf_counter() - t0 < 1.0 and not engine.running
+    for c in busy:  # the running and the waiting requests are told the engine stopped
+        assert c.done.is_set() and c.events[-1] == Event(None, "error", "the engine stopped before this request finished")
+    assert len(busy[0].ids) >= 2 and not busy[5].ids
+
+
+def _raise_at_first(n: int) -> None:
+    if n == 1:
+        raise RuntimeError("device lost (injected)")
+
+
+@pytest.mark.parametrize("name", ["decode", "prefill_row"])
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(compiled, engines, name):
+    want = greedy(compiled, PROMPTS[1], 4)
+    engine = engines(model=Hooked(compiled, name, _raise_at_first))
+    failed = run_alone(engine, PROMPTS[0], SamplingParams(max_tokens=4))
+    assert failed.events[-1] == Event(None, "error", f"{'decode' if name == 'decode' else 'prefill'} failed: RuntimeError: device lost (injected)")
+    assert run_alone(engine, PROMPTS[1], SamplingParams(max_tokens=4)).ids == want
+
+
+def test_a_raising_callback_ends_only_its_request(compiled, engines):
+    want = greedy(compiled, PROMPTS[1], 10)
+    engine = engines()
+
+    def explode(c, event):
+        if len(c.events) == 2:
+            raise ValueError("client went away")
+
+    bad, good = Collect(explode), Collect()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=10), bad)
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=10), good)
+    assert good.wait().ids == want
+    assert bad.wait().events[-1] == Event(None, "error", "on_event raised ValueError: client went away") and len(bad.ids) == 2
