@@ -25,10 +25,11 @@ from typing import Callable
 from ..models.llama.model import LlamaModel
 from ..parallel import ParallelPlan
 from ..text.tokenizer import export_tokenizer
+from ..types import QuantizedTensor
 from ..weights._files import atomic_dir, atomic_file, sha256_file
 from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
-from .compile import TARGETS, compile_flags, compile_mlir
+from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, ExportedWeights, export_llama
 from .program import count_transfers
 
@@ -174,6 +175,9 @@ def write_program(
     """Write one program over ``plan``'s devices into ``directory``: ``model.mlir``, the
     per-device archives, ``model.vmfb`` (when ``compile``) and ``manifest.json`` (with
     ``extra``'s fields added), and with ``tokenizer`` the source's tokenizer; returns the manifest."""
+    quantized = any(isinstance(t, QuantizedTensor) for t in model.source.theta.values())
+    if quantized:
+        extra_flags = (*extra_flags, *QUANTIZED_FLAGS)
     (directory / "model.mlir").write_text(mlir)
     tokens = export_tokenizer(source, directory, vocab_size=model.config.vocab_size, progress=progress) if tokenizer else None
     files = write_archives(directory, weights, progress)
@@ -187,7 +191,7 @@ def write_program(
     manifest = {
         "format": FORMAT,
         "version": VERSION,
-        "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+        "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."), "quantized": quantized},
         "parallel": plan.to_dict(),
         "device_count": plan.device_count,
         "functions": specs,
@@ -224,6 +228,8 @@ def compile_artifact(
     target = target or (manifest["compile"] or {}).get("target", "cpu")
     progress(f"compiling for {target} ({manifest['device_count']} devices)")
     mlir = (directory / manifest["module"]["mlir"]).read_text()
+    if manifest["model"].get("quantized"):
+        extra_flags = (*extra_flags, *QUANTIZED_FLAGS)
     vmfb, info = _compile_section(mlir, manifest["device_count"], target, target_arch, tuple(extra_flags))
     progress(f"compiled in {info['seconds']:.1f} s")
     with atomic_file(directory / "model.vmfb") as tmp:

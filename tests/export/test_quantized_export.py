@@ -58,6 +58,15 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
     ids, _ = compiled.generate(TOKENS[:1], 4)
     assert torch.equal(ids, model.generate(TOKENS[:1], 4))
+    if kind == "q8_0":
+        # Nor at load: IREE would hoist each dequantization into a float32 global computed at
+        # initialisation; the compiled flow program must hoist no float tensor at all.
+        import iree.compiler as ic
+
+        flow = ic.compile_str((out / "model.mlir").read_text(), extra_args=[*manifest["compile"]["flags"], "--compile-to=flow"])
+        flow = flow.decode() if isinstance(flow, bytes) else flow
+        hoisted = re.findall(r"util\.global private (?:mutable )?@__hoisted\S* [^:]*: tensor<([^>]+)>", flow)
+        assert not [t for t in hoisted if t.split("x")[-1].startswith(("f", "bf"))], hoisted
 
 
 @pytest.mark.parametrize("target", ["cuda", "hip"])
