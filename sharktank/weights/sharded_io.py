@@ -16,6 +16,7 @@ Layout of ``save_theta(directory, ...)``::
                             "shard_dim": 0 | null, "devices": [5, 2] | null,
                             "pinned": true | null, "dtype": "float32", "shape": [..],
                             "name": "<ShardedTensor.name>" | null,
+                            "layout": "Q8_0" (only for quantized shards, stored as their blocks),
                             "shards": [{"file": "device_5.irpa", "key": "<name>"}, ...]}}}
 
 Devices are distinct within a tensor, so the tensor name is a unique key in each device
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from ..models.llama.config import LlamaConfig
-from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import LAYOUTS, QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._files import atomic_dir, atomic_file, resolve_inside, sha256_file
 from .errors import WeightsError
 from .irpa import _dtype_name, load_irpa, save_irpa
@@ -63,7 +64,8 @@ def save_theta(directory: str | os.PathLike, config: LlamaConfig, theta: Theta) 
     for name, t in theta.items():
         entries[name] = _describe(name, t)
         for shard, loc in zip(t.shards if isinstance(t, ShardedTensor) else (t,), entries[name]["shards"]):
-            archives.setdefault(loc["file"], {})[loc["key"]] = shard
+            # A quantized shard is stored as its blocks; the entry names the layout.
+            archives.setdefault(loc["file"], {})[loc["key"]] = shard.blocks if isinstance(shard, QuantizedTensor) else shard
     with atomic_dir(directory, may_replace=_is_theta_dir, marker=MANIFEST) as tmp:
         files = {}
         for file, tensors in sorted(archives.items()):
@@ -102,8 +104,16 @@ def load_theta(directory: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
     return config, Theta(tensors)
 
 
-def _describe(name: str, t: torch.Tensor | ShardedTensor) -> dict[str, Any]:
-    if isinstance(t, torch.Tensor):
+def _describe(name: str, t) -> dict[str, Any]:
+    entry = _describe_placement(name, t)
+    first = t.shards[0] if isinstance(t, ShardedTensor) else t
+    if isinstance(first, QuantizedTensor):
+        entry["layout"] = first.layout.name
+    return entry
+
+
+def _describe_placement(name: str, t) -> dict[str, Any]:
+    if isinstance(t, (torch.Tensor, QuantizedTensor)):
         return {
             "kind": "plain", "shard_dim": None, "devices": None, "pinned": None, "name": None,
             "dtype": _dtype_name(t.dtype), "shape": list(t.shape),
@@ -131,6 +141,10 @@ def _restore(name: str, entry: dict[str, Any], contents, directory: Path, manife
         if loc["key"] not in archive:
             raise WeightsError(f"no entry {loc['key']!r}", path=directory / loc["file"], tensor=name)
         shards.append(archive[loc["key"]])
+    if entry.get("layout") is not None:  # blocks [..., n_blocks, block_bytes] of a quantized tensor
+        layout = LAYOUTS[entry["layout"]]
+        dtype = getattr(torch, entry["dtype"])
+        shards = [QuantizedTensor(layout, (*b.shape[:-2], b.shape[-2] * layout.block_size), b, dtype=dtype, name=name) for b in shards]
     kind = entry["kind"]
     placed = dict(ts=shards, devices=entry["devices"], pinned=entry["pinned"], name=entry["name"])
     if kind == "plain":

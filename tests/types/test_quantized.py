@@ -145,3 +145,22 @@ def test_sharded_quantized_embedding_lookup_equals_the_dequantized_one():
               SplitPrimitiveTensor(shard_dim=1, ts=table, shard_count=2)):
         # A vocabulary split gives partial results (zeros outside each shard's rows): unshard sums them.
         assert torch.equal(ops.unshard(ops.embedding_lookup(ids, t)), want), t
+
+
+def test_sharded_quantized_weights_keep_their_placement_through_save_theta(tmp_path):
+    from sharktank.models.llama.presets import PRESETS
+    from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor, is_deep_equal
+    from sharktank.weights import Theta, load_theta, save_theta
+
+    w = _quantized_weight("Q4_K", 4, 2)
+    theta = Theta({
+        "plain": w,
+        "rows": SplitPrimitiveTensor(shard_dim=0, ts=w, devices=(2, 5), pinned=True, name="rows"),
+        "blocks": SplitPrimitiveTensor(shard_dim=1, ts=w, devices=(1, 0), pinned=False),
+        "replicated": ReplicatedTensor(ts=_quantized_weight("Q8_0", 3, 1), devices=(0, 1, 2), pinned=True),
+    })
+    save_theta(tmp_path / "theta", PRESETS["toy-llama"], theta)
+    _, back = load_theta(tmp_path / "theta")
+    for name in theta:
+        assert is_deep_equal(back[name], theta[name]), name
+    assert back["rows"].devices == (2, 5) and back["rows"].pinned and back["blocks"].shard_dim == 1
