@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..types import QuantizedTensor
+from ..types import stored
 from ..weights import IrpaWriter
 from ..weights._files import sha256_file
 from .llama import ExportedWeights
@@ -27,13 +27,8 @@ def archive_name(device: int) -> str:
     return f"device_{device}.irpa"
 
 
-def _stored(t):
-    """The tensor an archive stores for a shard: a quantized shard's uint8 blocks."""
-    return t.blocks if isinstance(t, QuantizedTensor) else t
-
-
 def _nbytes(t) -> int:
-    return _stored(t).numel() * _stored(t).element_size()
+    return stored(t).numel() * stored(t).element_size()
 
 
 def write_archives(directory: Path, weights: ExportedWeights, progress: Callable[[str], None] = lambda msg: None) -> dict[str, dict]:
@@ -55,18 +50,18 @@ def write_archives(directory: Path, weights: ExportedWeights, progress: Callable
             for device, external, shard in located.get(name, ()):
                 span = source.file_range(shard, name)
                 if span is not None:
-                    stored = _stored(shard)
-                    writers[device].add_range(external, *span, stored.dtype, stored.shape)
+                    data_of_shard = stored(shard)
+                    writers[device].add_range(external, *span, data_of_shard.dtype, data_of_shard.shape)
                 else:
                     data = source.read(name) if data is None else data
-                    writers[device].add(external, _stored(source.view_of(shard, name, data)))
+                    writers[device].add(external, stored(source.view_of(shard, name, data)))
                 done += _nbytes(shard)
             del data
             if time.monotonic() - last > 5:
                 progress(f"parameters: {done / 1e9:.2f} of {total / 1e9:.2f} GB written")
                 last = time.monotonic()
         for device, external, shard in by_hand:
-            writers[device].add(external, _stored(shard))
+            writers[device].add(external, stored(shard))
     files = {}
     for d in sorted(weights.archives):
         path = directory / archive_name(d)

@@ -4,7 +4,7 @@
 from .equality import is_deep_equal
 from .placement import Partial, Placement, Replicate, ShardingSpec, Split, split_sizes
 from .pytree import register_pytree_nodes
-from .quantized import LAYOUTS, BlockLayout, QuantizationError, QuantizedTensor
+from .quantized import LAYOUTS, BlockLayout, QuantizationError, QuantizedTensor, stored
 from .sharded import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 
 register_pytree_nodes()
@@ -25,4 +25,5 @@ __all__ = [
     "BlockLayout",
     "LAYOUTS",
     "QuantizationError",
+    "stored",
 ]

@@ -25,11 +25,16 @@ from typing import Callable
 
 import torch
 
-__all__ = ["BlockLayout", "LAYOUTS", "QuantizedTensor", "QuantizationError"]
+__all__ = ["BlockLayout", "LAYOUTS", "QuantizedTensor", "QuantizationError", "stored"]
 
 
 class QuantizationError(ValueError):
     """Blocks that do not fit their layout or shape."""
+
+
+def stored(t):
+    """The tensor holding ``t``'s bytes: a quantized tensor's uint8 blocks, a plain tensor itself."""
+    return t.blocks if isinstance(t, QuantizedTensor) else t
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

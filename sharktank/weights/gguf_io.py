@@ -130,14 +130,16 @@ def quantize_gguf(path: str | os.PathLike, config: LlamaConfig, source, *, to: s
                 progress(f"quantized {i + 1}/{len(names)}: {name}")
                 return quantize(rows.contiguous().numpy(), GGMLQuantizationType[kind])
         else:
-            if not isinstance(t, QuantizedTensor) and t.dtype not in _GGML_TYPES:
+            # Norms and biases become float32; other weights keep their type. The spec comes
+            # from the shape alone: the placeholder is never converted (that would touch it).
+            to_f32 = not isinstance(t, QuantizedTensor) and t.ndim != 2
+            if not (to_f32 or isinstance(t, QuantizedTensor) or t.dtype in _GGML_TYPES):
                 raise WeightsError(f"cannot store {t.dtype} in GGUF", path=path, tensor=name)
-            plain = t if isinstance(t, QuantizedTensor) or t.ndim == 2 else t.float()
-            spec = _stored_spec(plain)
+            spec = (tuple(t.shape), np.float32, t.numel() * 4, "F32") if to_f32 else _stored_spec(t)
 
-            def produce(name=name, keep=t.ndim == 2 or isinstance(t, QuantizedTensor)):
+            def produce(name=name, to_f32=to_f32):
                 value = source.read(name)
-                return _gguf_array(name, value if keep else value.float(), config)
+                return _gguf_array(name, value.float() if to_f32 else value, config)
         counts[spec[3]] = counts.get(spec[3], 0) + 1
         entries.append((name, spec, produce))
     write_gguf(path, config, entries)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..models.llama.config import LlamaConfig
-from ..types import LAYOUTS, QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import LAYOUTS, QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor, stored
 from ._files import atomic_dir, atomic_file, resolve_inside, sha256_file
 from .errors import WeightsError
 from .irpa import _dtype_name, load_irpa, save_irpa
@@ -65,7 +65,7 @@ def save_theta(directory: str | os.PathLike, config: LlamaConfig, theta: Theta) 
         entries[name] = _describe(name, t)
         for shard, loc in zip(t.shards if isinstance(t, ShardedTensor) else (t,), entries[name]["shards"]):
             # A quantized shard is stored as its blocks; the entry names the layout.
-            archives.setdefault(loc["file"], {})[loc["key"]] = shard.blocks if isinstance(shard, QuantizedTensor) else shard
+            archives.setdefault(loc["file"], {})[loc["key"]] = stored(shard)
     with atomic_dir(directory, may_replace=_is_theta_dir, marker=MANIFEST) as tmp:
         files = {}
         for file, tensors in sorted(archives.items()):

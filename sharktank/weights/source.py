@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from ..types import LAYOUTS, QuantizedTensor
+from ..types import LAYOUTS, QuantizedTensor, stored
 from .theta import Theta
 
 __all__ = ["WeightSource"]
@@ -35,10 +35,6 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, layout: str | None 
     blocks = torch.empty((*shape[:-1], shape[-1] // lay.block_size, lay.block_bytes), dtype=torch.uint8)
     return QuantizedTensor(lay, shape, blocks, dtype=dtype)
 
-
-def _data(t):
-    """The tensor holding ``t``'s bytes (a quantized tensor's blocks)."""
-    return t.blocks if isinstance(t, QuantizedTensor) else t
 
 
 class WeightSource:
@@ -78,8 +74,8 @@ class WeightSource:
     def _index(self) -> None:
         self._by_storage: dict[int, str] = {}
         for name, t in self.theta.items():
-            if isinstance(t, (torch.Tensor, QuantizedTensor)) and _data(t).numel():
-                self._by_storage.setdefault(_data(t).untyped_storage().data_ptr(), name)
+            if isinstance(t, (torch.Tensor, QuantizedTensor)) and stored(t).numel():
+                self._by_storage.setdefault(stored(t).untyped_storage().data_ptr(), name)
 
     def to(self, dtype: torch.dtype) -> "WeightSource":
         """The same weights with floating-point tensors converted to ``dtype`` (when read)."""
@@ -119,7 +115,7 @@ class WeightSource:
         in the source file, when the file holds ``name`` as read and ``t`` is one contiguous
         run of it (the whole tensor, or rows of it); else None."""
         span = self._spans.get(name)
-        t, base = _data(t), _data(self.theta[name])
+        t, base = stored(t), stored(self.theta[name])
         if span is None or not t.is_contiguous() or not base.is_contiguous():
             return None
         path, offset = span
@@ -127,7 +123,7 @@ class WeightSource:
 
     def locate(self, t: torch.Tensor) -> str | None:
         """The name of the weight whose storage ``t`` views (a shard of it), or None."""
-        t = _data(t)
+        t = stored(t)
         if not isinstance(t, torch.Tensor) or not t.numel():
             return None
         return self._by_storage.get(t.untyped_storage().data_ptr())

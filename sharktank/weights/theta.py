@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from ..types import QuantizedTensor, ShardedTensor
+from ..types import QuantizedTensor, ShardedTensor, stored
 
 __all__ = ["Theta"]
 
@@ -56,5 +56,5 @@ class Theta(Mapping[str, AnyTensor]):
         total = 0
         for t in self._tensors.values():
             for s in t.shards if isinstance(t, ShardedTensor) else (t,):
-                total += s.nbytes if isinstance(s, QuantizedTensor) else s.numel() * s.element_size()
+                total += stored(s).numel() * stored(s).element_size()
         return total
