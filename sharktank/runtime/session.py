@@ -23,15 +23,11 @@ def release_pages(indexes) -> int:
     resident in this process beside those copies: twice the weight memory. Dropping the
     pages changes no data: a page read again later (an embedding row, a weight used as
     stored) is mapped back from the page cache or the file. Linux only; elsewhere a no-op."""
-    import ctypes
-    import mmap
-    import sys
+    return _advise_free(_mapped_spans(indexes))
 
-    if not sys.platform.startswith("linux"):
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    page = mmap.PAGESIZE
+
+def _mapped_spans(indexes) -> set[tuple[int, int]]:
+    """(address, length) of each archive mapping (every entry of a file shares its mapping)."""
     spans = set()
     for index in indexes:
         for _, entry in index.items():
@@ -42,9 +38,21 @@ def release_pages(indexes) -> int:
                 continue
             view = np.frombuffer(handle.host_allocation, dtype=np.uint8)
             spans.add((view.ctypes.data, view.nbytes))
+    return spans
+
+
+def _advise_free(spans: set[tuple[int, int]]) -> int:
+    import ctypes
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     advised = 0
     for address, length in spans:
-        start = address - address % page
+        start = address - address % mmap.PAGESIZE
         end = address + length
         if libc.madvise(start, end - start, mmap.MADV_DONTNEED) == 0:
             advised += end - start
@@ -107,12 +115,13 @@ class Session:
             finally:
                 done.set()
 
+        spans = _mapped_spans(self._indexes)  # found once; the loop only advises
         worker = threading.Thread(target=run, name="first-call", daemon=True)
         worker.start()
         while not done.wait(every_s):
-            release_pages(self._indexes)
+            _advise_free(spans)
         worker.join()
-        release_pages(self._indexes)
+        _advise_free(spans)
         if failure:
             raise failure[0]
 
