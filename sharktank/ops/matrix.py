@@ -142,8 +142,31 @@ def _dense(w, like: torch.Tensor) -> torch.Tensor:
     return w.dequantize(like.dtype) if isinstance(w, QuantizedTensor) else w
 
 
+# Traced products with a quantized weight and at most this many rows (a decode step of the
+# exported batches) are written on the blocks (QuantizedTensor.product), which IREE fuses
+# into one pass over them: 1B-shaped Q8_0 matvec 3.0 ms against 49 ms when the weight is
+# dequantized first (then packed for the CPU's matmul kernels on every call). More rows (a
+# prompt) amortise the dequantization over the rows and take the dense product.
+_BLOCK_PRODUCT_ROWS = 8
+
+
+def _block_product(x: torch.Tensor, w) -> bool:
+    """Whether ``x @ w.T`` is written on ``w``'s blocks: a traced product of a quantized
+    weight with a static number of rows of ``x`` up to ``_BLOCK_PRODUCT_ROWS``."""
+    if not isinstance(w, QuantizedTensor) or w.ndim != 2 or not _tracing_tensor(x):
+        return False
+    rows = 1
+    for d in x.shape[:-1]:
+        if not isinstance(d, int):
+            return False  # a symbolic length: a prompt
+        rows *= d
+    return rows <= _BLOCK_PRODUCT_ROWS
+
+
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
+    if transpose_rhs and _block_product(lhs, rhs):
+        return rhs.product(lhs)
     rhs = _dense(rhs, lhs)
     return torch.matmul(lhs, rhs.mT if transpose_rhs else rhs)
 
@@ -151,7 +174,7 @@ def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
 def _matmul_sharded(lhs, rhs, *, transpose_rhs=False):
     xs, ws, (kind, dim) = plan_matmul("matmul", lhs, rhs, transpose_rhs)
     if transpose_rhs:
-        out = [torch.matmul(x, _dense(w, x).mT) for x, w in zip(xs, ws)]
+        out = [_matmul_torch(x, w, transpose_rhs=True) for x, w in zip(xs, ws)]
     else:
         out = [torch.matmul(x, _dense(w, x)) for x, w in zip(xs, ws)]
     return _build(kind, dim, out, _devices(lhs, rhs))
@@ -181,6 +204,9 @@ def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
     accumulator, as torch's CPU kernels compute it eagerly, while a batched product would
     accumulate in the half type. The weight stays in its dtype (no float32 copy of it); a
     quantized weight is dequantized to ``x``'s dtype right before the product."""
+    if _block_product(x, w):
+        y = w.product(x)
+        return y if b is None else y + b
     w = _dense(w, x)
     if x.dtype in _HALF and x.ndim != 2 and _tracing_tensor(x):
         y = F.linear(x.reshape(-1, x.shape[-1]), w, b)

@@ -38,79 +38,105 @@ def stored(t):
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
-    """float32 of little-endian float16 values stored in the last dim (2 bytes each)."""
-    return b.contiguous().view(torch.float16).float()
+    """float32 of the little-endian float16 held in the last dim's 2 bytes (that dim dropped)."""
+    return b.contiguous().view(torch.float16)[..., 0].float()
 
 
-def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b[:, 0:2]) * b[:, 2:34].contiguous().view(torch.int8).float()
+def _shifts(count: int, step: int, shape) -> torch.Tensor:
+    """Shift amounts ``0, step, .., (count-1)*step`` in ``shape``, broadcast against the blocks.
+    int32, as are the bytes they shift (:func:`_shift`): torch-mlir lowers neither a uint8
+    arange nor ``>>`` of two tensors."""
+    return torch.arange(0, count * step, step, dtype=torch.int32).reshape(shape)
 
 
-def _q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = b[:, 2:18]
-    nibbles = torch.cat([q & 0xF, q >> 4], dim=-1).float()
-    return _f16(b[:, 0:2]) * (nibbles - 8)
+def _shift(b: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Bytes ``b`` (as int32) shifted right by ``shifts``, broadcast."""
+    return torch.bitwise_right_shift(b.to(torch.int32), shifts)
+
+
+def _nibbles(q: torch.Tensor, at: int) -> torch.Tensor:
+    """Low and high 4 bits of ``q`` in a new dim of 2 (low first) at ``at``, counted from the end."""
+    return _shift(q.unsqueeze(at), _shifts(2, 4, (2, *[1] * (-at - 1)))) & 0xF
+
+
+def _q8_0(b):
+    return b[..., 2:34].view(torch.int8), _f16(b[..., 0:2]), None
+
+
+def _q4_0(b):
+    q = _nibbles(b[..., 2:18], -2) - 8  # [.., nibble 2, 16]: values 0-15, 16-31
+    return q, _f16(b[..., 0:2])[..., None].expand(*b.shape[:-1], 2), None
 
 
 def _k_scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eight 6-bit scales and mins packed into 12 bytes (Q4_K, Q5_K): for j < 4 the low 6
-    bits of bytes j and j+4; for j >= 4 a nibble of byte j+4 with the top 2 bits of byte j-4
-    (scale) or of byte j (min)."""
-    lo, hi = s[:, 0:4], s[:, 4:8]
-    tail = s[:, 8:12]
-    scales = torch.cat([lo & 63, (tail & 0xF) | ((lo >> 6) << 4)], dim=-1)
-    mins = torch.cat([hi & 63, (tail >> 4) | ((hi >> 6) << 4)], dim=-1)
-    return scales.float(), mins.float()
+    """The eight 6-bit scales and mins packed into 12 bytes (Q4_K, Q5_K), ``[.., 4, 2]`` (sub-block
+    ``j = 2 * pair + nibble``): for j < 4 the low 6 bits of bytes j and j+4; for j >= 4 a nibble
+    of byte j+4 with the top 2 bits of byte j-4 (scale) or of byte j (min)."""
+    lo, hi, tail = s[..., None, 0:4], s[..., None, 4:8], s[..., None, 8:12]
+    first = torch.arange(2).reshape(2, 1) == 0  # [half 2, 1]: sub-blocks 0-3, then 4-7
+    scales = torch.where(first, lo & 63, (tail & 0xF) | ((lo >> 6) << 4))
+    mins = torch.where(first, hi & 63, (tail >> 4) | ((hi >> 6) << 4))
+    shape = (*s.shape[:-1], 4, 2)
+    return scales.reshape(shape).float(), mins.reshape(shape).float()
 
 
-def _k_apply(d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    n = q.shape[0]
-    q = q.reshape(n, 8, 32).float()
-    return (d[:, :, None] * scales[:, :, None] * q - dmin[:, :, None] * mins[:, :, None]).reshape(n, 256)
+def _k_low(qs: torch.Tensor) -> torch.Tensor:
+    """4-bit values of the 8 sub-blocks ``[.., pair 4, nibble 2, 32]``: each 32 bytes hold two
+    sub-blocks, low nibbles first."""
+    return _nibbles(qs.reshape(*qs.shape[:-1], 4, 32), -2)
 
 
-def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """4-bit values of the 8 sub-blocks: each 32 bytes hold two sub-blocks, low nibbles first."""
-    n = qs.shape[0]
-    pairs = qs.reshape(n, 4, 1, 32)
-    return torch.cat([pairs & 0xF, pairs >> 4], dim=2).reshape(n, 8, 32)
+def _k_affine(b, q):
+    scales, mins = _k_scales_mins(b[..., 4:16])
+    d, dmin = _f16(b[..., 0:2])[..., None, None], _f16(b[..., 2:4])[..., None, None]
+    return q, d * scales, -(dmin * mins)
 
 
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
-    scales, mins = _k_scales_mins(b[:, 4:16])
-    return _k_apply(_f16(b[:, 0:2]), _f16(b[:, 2:4]), scales, mins, _k_low_nibbles(b[:, 16:144]))
+def _q4_k(b):
+    return _k_affine(b, _k_low(b[..., 16:144]))
 
 
-def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    scales, mins = _k_scales_mins(b[:, 4:16])
-    qh = b[:, 16:48]  # bit j of byte l: the fifth bit of value l of sub-block j
-    bits = torch.stack([(qh >> j) & 1 for j in range(8)], dim=1)  # [n, 8, 32]
-    q = _k_low_nibbles(b[:, 48:176]) | (bits << 4)
-    return _k_apply(_f16(b[:, 0:2]), _f16(b[:, 2:4]), scales, mins, q)
+def _q5_k(b):
+    qh = b[..., None, None, 16:48]  # bit j of byte l: the fifth bit of value l of sub-block j
+    fifth = _shift(qh, _shifts(8, 1, (4, 2, 1))) & 1
+    return _k_affine(b, _k_low(b[..., 48:176]) | (fifth << 4))
 
 
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    ql, qh = b[:, 0:128].reshape(n, 2, 2, 32), b[:, 128:192].reshape(n, 2, 1, 32)
-    scales = b[:, 192:208].contiguous().view(torch.int8).float()  # [n, 16], one per 16 values
-    d = _f16(b[:, 208:210])
+def _q6_k(b):
+    lead = b.shape[:-1]
     # Each half of 128 values: 64 bytes of low bits (two runs of 32) and 32 of high bits. Value
-    # group g (0-3, 32 values each) takes the low or high nibble of run g % 2 and bits 2g, 2g+1.
-    low = torch.cat([ql & 0xF, ql >> 4], dim=2)  # [n, half, group, 32]
-    high = torch.cat([(qh >> (2 * g)) & 3 for g in range(4)], dim=2)
-    q = (low | (high << 4)).float() - 32
-    return (d[:, :, None] * scales.reshape(n, 16, 1) * q.reshape(n, 16, 16)).reshape(n, 256)
+    # group g = 2 * nibble + run (32 values) takes that nibble of that run, and bits 2g, 2g+1.
+    low = _nibbles(b[..., 0:128].reshape(*lead, 2, 2, 32), -3)  # [.., half, nibble, run, 32]
+    high = _shift(b[..., 128:192].reshape(*lead, 2, 1, 1, 32), _shifts(4, 2, (2, 2, 1))) & 3
+    q = ((low | (high << 4)) - 32).reshape(*lead, 2, 2, 2, 2, 16)
+    scales = b[..., 192:208].view(torch.int8).float().reshape(*lead, 2, 2, 2, 2)  # one per 16 values
+    return q, _f16(b[..., 208:210])[..., None, None, None, None] * scales, None
 
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """One GGML block format: values per block, bytes per block, and the expansion of
-    ``[n, block_bytes]`` uint8 blocks to ``[n, block_size]`` float32 values."""
+    """One GGML block format: values per block, bytes per block, and its affine form.
+
+    ``affine(blocks)`` takes uint8 blocks ``[..., block_bytes]`` and gives ``(q, scale,
+    offset)``: integer values ``q`` ``[..., *groups, inner]``, and float32 ``scale`` and
+    ``offset`` (or None) ``[..., *groups]``, one per group of ``inner`` values, such that
+    the block's values, in order, are ``scale * q + offset`` flattened. Everything is
+    elementwise on the block bytes (no joins), so a compiler can fuse it into a product
+    (:meth:`QuantizedTensor.product`) and never materialise the values.
+    """
 
     name: str
     block_size: int
     block_bytes: int
-    expand: Callable[[torch.Tensor], torch.Tensor]
+    affine: Callable[[torch.Tensor], tuple]
+
+    def expand(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``[..., block_bytes]`` blocks to their ``[..., block_size]`` float32 values."""
+        q, scale, offset = self.affine(blocks)
+        values = scale[..., None] * q.float()
+        if offset is not None:
+            values = values + offset[..., None]
+        return values.reshape(*blocks.shape[:-1], self.block_size)
 
     def __repr__(self) -> str:
         return f"BlockLayout({self.name}: {self.block_size} values in {self.block_bytes} bytes)"
@@ -228,6 +254,23 @@ class QuantizedTensor:
         flat = self.blocks.reshape(-1, self.layout.block_bytes)
         values = self.layout.expand(flat).reshape(self.shape)
         return values.to(dtype or self.dtype)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ self.dequantize().T`` for a 2-D ``[N, K]`` tensor and ``x`` ``[..., K]``, written
+        on the blocks: per group of values, the products with the integer ``q`` are summed,
+        then scaled (and the offset times the sum of ``x``'s group added). The float values are
+        never formed, so a compiler fuses the expansion into the reduction and reads only the
+        blocks; eagerly it costs the values' memory for every row of ``x`` (use it for few rows).
+        Computed in float32; the result has ``x``'s dtype."""
+        if self.ndim != 2 or x.shape[-1] != self.shape[1]:
+            raise QuantizationError(f"{self.name or 'tensor'}: product of x {list(x.shape)} with a quantized [N, K] {list(self.shape)}: x's last dim must be K")
+        q, scale, offset = self.layout.affine(self.blocks)  # [N, blocks, *groups, inner]
+        groups = q.shape[1:-1]
+        xs = x.reshape(-1, *groups, q.shape[-1]).float()  # [rows, blocks, *groups, inner]
+        terms = (xs[:, None] * q.float()[None]).sum(-1) * scale[None]  # [rows, N, blocks, *groups]
+        if offset is not None:
+            terms = terms + xs.sum(-1)[:, None] * offset[None]
+        return terms.flatten(2).sum(-1).reshape(*x.shape[:-1], self.shape[0]).to(x.dtype)
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
