@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,9 +96,12 @@ def gguf_tensor_bytes(path: Path) -> int:
 
 
 def build(model: Path, out: Path, tp: int, max_seq_len: int) -> dict:
-    """Export (bfloat16 activations) and compile one artifact, once (cached by path)."""
+    """Export (bfloat16 activations) and compile one artifact, afresh (an artifact from older
+    code would measure that code)."""
     manifest = out / "manifest.json"
-    if not manifest.is_file() or not list(out.glob("*.vmfb")):
+    if out.exists():
+        shutil.rmtree(out)
+    if True:
         _, export_s, _ = timed(sharktank("export", "--model", str(model), "--tp", str(tp), "--dtype", "bfloat16", "--max-seq-len", str(max_seq_len), "--no-compile", "--output-dir", str(out)))
         _, compile_s, _ = timed(sharktank("compile", str(out)))
         print(f"  built {out.name}: export {export_s:.1f} s, compile {compile_s:.1f} s", flush=True)
