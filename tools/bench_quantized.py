@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_limits import read_bandwidth_gbs  # noqa: E402
-from bench_scale import row, run_once, sharktank, stats, timed  # noqa: E402
+from bench_scale import build, row, run_once, sharktank, stats  # noqa: E402
 from make_checkpoint import cache_root, cached_checkpoint  # noqa: E402
 
 SHAPE = "llama-3.2-1b"
@@ -95,20 +94,6 @@ def gguf_tensor_bytes(path: Path) -> int:
     return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
 
-def build(model: Path, out: Path, tp: int, max_seq_len: int) -> dict:
-    """Export (bfloat16 activations) and compile one artifact, afresh (an artifact from older
-    code would measure that code)."""
-    manifest = out / "manifest.json"
-    if out.exists():
-        shutil.rmtree(out)
-    if True:
-        _, export_s, _ = timed(sharktank("export", "--model", str(model), "--tp", str(tp), "--dtype", "bfloat16", "--max-seq-len", str(max_seq_len), "--no-compile", "--output-dir", str(out)))
-        _, compile_s, _ = timed(sharktank("compile", str(out)))
-        print(f"  built {out.name}: export {export_s:.1f} s, compile {compile_s:.1f} s", flush=True)
-    m = json.loads(manifest.read_text())
-    return {"parameter_bytes": sum(f["size"] for f in m["parameters"]["files"].values())}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tp", default="1,2", help="tensor-parallel sizes, comma-separated (default 1,2)")
@@ -131,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     file_bytes = {p: (gguf_tensor_bytes(m) if m.suffix == ".gguf" else sum(f.stat().st_size for f in m.glob("*.safetensors"))) for p, m in models.items() if p in precisions}
     print(f"== quantized: {SHAPE} ({checkpoint}); precisions {precisions}, tp {tps}")
     keys = [(p, tp) for p in precisions for tp in tps]
-    built = {k: build(models[k[0]], work / f"{k[0]}-tp{k[1]}", k[1], args.max_seq_len) for k in keys}
+    # Each artifact afresh (one from older code would measure that code), bfloat16 activations.
+    built = {k: build(models[k[0]], work / f"{k[0]}-tp{k[1]}", k[1], args.max_seq_len, ("--dtype", "bfloat16")) for k in keys}
     for k in keys:  # the first run hashes the archives (verification record); not timed
         run_once(work / f"{k[0]}-tp{k[1]}", 1)
     decode = {k: [] for k in keys}

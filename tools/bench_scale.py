@@ -69,10 +69,11 @@ def transformers_round(checkpoint: Path, steps: int) -> float:
     return json.loads(p.stdout.strip().splitlines()[-1])["median"]
 
 
-def build(checkpoint: Path, out: Path, tp: int, max_seq_len: int) -> dict:
+def build(checkpoint: Path, out: Path, tp: int, max_seq_len: int, extra: tuple[str, ...] = ()) -> dict:
+    """Export (``extra``: more export flags) and compile ``checkpoint`` into ``out``, afresh."""
     if out.exists():
         shutil.rmtree(out)
-    _, export_s, export_peak = timed(sharktank("export", "--model", str(checkpoint), "--tp", str(tp), "--max-seq-len", str(max_seq_len), "--no-compile", "--output-dir", str(out)))
+    _, export_s, export_peak = timed(sharktank("export", "--model", str(checkpoint), "--tp", str(tp), "--max-seq-len", str(max_seq_len), *extra, "--no-compile", "--output-dir", str(out)))
     _, compile_s, compile_peak = timed(sharktank("compile", str(out)))
     manifest = json.loads((out / "manifest.json").read_text())
     return {

@@ -136,13 +136,16 @@ class BlockLayout:
     affine: Callable[[torch.Tensor], tuple]
     scale_per_block: bool = False  # one float16 scale per block, no sub-block scales
 
-    def expand(self, blocks: torch.Tensor) -> torch.Tensor:
-        """``[..., block_bytes]`` blocks to their ``[..., block_size]`` float32 values."""
+    def grouped_values(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``[..., block_bytes]`` blocks to their float32 values ``scale * q + offset``, in the
+        affine form's ``[..., *groups, inner]`` shape."""
         q, scale, offset = self.affine(blocks)
         values = scale[..., None] * q.float()
-        if offset is not None:
-            values = values + offset[..., None]
-        return values.reshape(*blocks.shape[:-1], self.block_size)
+        return values if offset is None else values + offset[..., None]
+
+    def expand(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``[..., block_bytes]`` blocks to their ``[..., block_size]`` float32 values."""
+        return self.grouped_values(blocks).reshape(*blocks.shape[:-1], self.block_size)
 
     def __repr__(self) -> str:
         return f"BlockLayout({self.name}: {self.block_size} values in {self.block_bytes} bytes)"
@@ -275,14 +278,13 @@ class QuantizedTensor:
         """
         if self.ndim != 2 or x.shape[-1] != self.shape[1]:
             raise QuantizationError(f"{self.name or 'tensor'}: product of x {list(x.shape)} with a quantized [N, K] {list(self.shape)}: x's last dim must be K")
-        q, scale, offset = self.layout.affine(self.blocks)  # q [N, blocks, *groups, inner]
-        xs = x.reshape(-1, 1, *q.shape[1:]).float()  # [rows, 1, blocks, *groups, inner]
         if self.layout.scale_per_block:
-            values = scale[..., None] * q.float()
-            if offset is not None:
-                values = values + offset[..., None]
+            values = self.layout.grouped_values(self.blocks)  # [N, blocks, *groups, inner]
+            xs = x.reshape(-1, 1, *values.shape[1:]).float()  # [rows, 1, blocks, *groups, inner]
             y = (xs * values[None]).sum(tuple(range(2, xs.ndim)))
         else:
+            q, scale, offset = self.layout.affine(self.blocks)
+            xs = x.reshape(-1, 1, *q.shape[1:]).float()
             terms = (xs * q.float()[None]).sum(-1) * scale[None]  # [rows, N, blocks, *groups]
             if offset is not None:
                 terms = terms + xs.sum(-1) * offset[None]
