@@ -37,7 +37,7 @@ import torch
 from sharktank.models.llama.config import LlamaConfig
 from sharktank.weights._files import atomic_dir
 from sharktank.weights.hf import INDEX_FILE, SINGLE_FILE
-from sharktank.weights.llama_layout import llama_shapes
+from sharktank.models.llama.layout import llama_shapes
 
 __all__ = ["CONFIGS", "DTYPES", "hf_config", "plan_shards", "random_tensor", "write_checkpoint", "cached_checkpoint", "main"]
 
