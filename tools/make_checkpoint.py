@@ -4,7 +4,7 @@
         --dtype bfloat16|float16|float32 [--seed N] [--shard-size BYTES] [--force] OUT
 
 OUT gets ``config.json`` (the published Llama config dict, loadable by transformers and by
-``sharktank.weights.load_hf_checkpoint``) and safetensors: ``model.safetensors`` when the
+``sharktank.models.load_hf_checkpoint``) and safetensors: ``model.safetensors`` when the
 tensors fit in one shard, else ``model-0000K-of-0000N.safetensors`` files plus
 ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as
 ``save_pretrained`` writes them.
