@@ -306,7 +306,7 @@ def cmd_run(args) -> int:
 # --- quantize ----------------------------------------------------------------------------------
 def cmd_quantize(args) -> int:
     from .models.loading import weight_source
-    from .weights import quantize_gguf
+    from .models import quantize_gguf
 
     out = Path(args.output)
     if out.suffix != ".gguf":

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from sharktank.models.llama.config import LlamaConfig
-from sharktank.weights.llama_layout import llama_shapes
+from sharktank.models.llama.layout import llama_shapes
 
 __all__ = ["read_bandwidth_gbs", "transformers_decode_ms", "weight_bytes_per_token", "main"]
 

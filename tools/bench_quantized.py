@@ -68,7 +68,9 @@ def q4_k_mix_gguf(checkpoint: Path, out: Path) -> Path:
         return out
     from sharktank.models.loading import weight_source
     from sharktank.types import LAYOUTS
-    from sharktank.weights.gguf_io import _gguf_array, write_gguf
+    from sharktank.models.llama.gguf_files import write_entries
+    from sharktank.models.llama.gguf_names import to_gguf_name
+    from sharktank.weights.gguf_write import tensor_array
 
     config, source = weight_source(checkpoint)
     entries = []
@@ -79,12 +81,12 @@ def q4_k_mix_gguf(checkpoint: Path, out: Path) -> Path:
             layout = LAYOUTS[kind]
             nbytes = t.shape[0] * t.shape[1] // layout.block_size * layout.block_bytes
             spec = ((t.shape[0], nbytes // t.shape[0]), np.uint8, nbytes, kind)
-            entries.append((name, spec, lambda t=t, layout=layout, i=i: _random_blocks(layout, t.shape[0], t.shape[1], i)))
+            entries.append((to_gguf_name(name), spec, lambda t=t, layout=layout, i=i: _random_blocks(layout, t.shape[0], t.shape[1], i)))
         else:
             spec = (tuple(t.shape), np.float32, t.numel() * 4, "F32")
-            entries.append((name, spec, lambda name=name: _gguf_array(name, source.read(name).float(), config)))
+            entries.append((to_gguf_name(name), spec, lambda name=name: tensor_array(source.read(name).float())))
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_gguf(out, config, entries)
+    write_entries(out, config, entries)
     return out
 
 

@@ -4,7 +4,7 @@
         --dtype bfloat16|float16|float32 [--seed N] [--shard-size BYTES] [--force] OUT
 
 OUT gets ``config.json`` (the published Llama config dict, loadable by transformers and by
-``sharktank.weights.load_hf_checkpoint``) and safetensors: ``model.safetensors`` when the
+``sharktank.models.load_hf_checkpoint``) and safetensors: ``model.safetensors`` when the
 tensors fit in one shard, else ``model-0000K-of-0000N.safetensors`` files plus
 ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as
 ``save_pretrained`` writes them.
@@ -37,7 +37,7 @@ import torch
 from sharktank.models.llama.config import LlamaConfig
 from sharktank.weights._files import atomic_dir
 from sharktank.weights.hf import INDEX_FILE, SINGLE_FILE
-from sharktank.weights.llama_layout import llama_shapes
+from sharktank.models.llama.layout import llama_shapes
 
 __all__ = ["CONFIGS", "DTYPES", "hf_config", "plan_shards", "random_tensor", "write_checkpoint", "cached_checkpoint", "main"]
 

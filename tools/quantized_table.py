@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
     from sharktank.runtime import CompiledModel
-    from sharktank.weights import quantize_gguf
+    from sharktank.models import quantize_gguf
 
     config, source, tokens, want = reference(args.prompt)
     print(f"{'model':<22} {'min cos':>10} {'mean cos':>10} {'top-1':>8} {'weight MB':>10}")

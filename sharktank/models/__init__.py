@@ -1,17 +1,36 @@
-"""Models built with sharktank.ops (one forward for unsharded, tensor- and pipeline-parallel).
+"""Models built with sharktank.ops (one forward for unsharded, tensor- and pipeline-parallel),
+and their files: ``load_model`` from any source, and the Llama loaders and savers per format
+(GGUF, Hugging Face checkpoints, sharded thetas), which read and write the bytes with the
+model-agnostic ``sharktank.weights`` formats.
 
-``load_model`` and friends are loaded on first use (PEP 562), so importing a submodule such
-as ``sharktank.models.llama.config`` does not pull in the weight loaders.
+These names are loaded on first use (PEP 562), so importing a submodule such as
+``sharktank.models.llama.config`` does not pull in the weight loaders.
 """
 
 from __future__ import annotations
 
-__all__ = ["load_model", "load_weights", "save_model_irpa", "SOURCES_HELP"]
+# name -> the module (under sharktank.models) that defines it
+_HOMES = {
+    "load_model": "loading",
+    "load_weights": "loading",
+    "save_model_irpa": "loading",
+    "SOURCES_HELP": "loading",
+    "load_gguf": "llama.gguf_files",
+    "gguf_source": "llama.gguf_files",
+    "save_gguf": "llama.gguf_files",
+    "quantize_gguf": "llama.gguf_files",
+    "load_hf_checkpoint": "llama.hf_checkpoint",
+    "hf_checkpoint_source": "llama.hf_checkpoint",
+    "load_theta": "llama.theta_dir",
+    "save_theta": "llama.theta_dir",
+}
+
+__all__ = list(_HOMES)
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from . import loading
+    if name in _HOMES:
+        from importlib import import_module
 
-        return getattr(loading, name)
+        return getattr(import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module 'sharktank.models' has no attribute {name!r}")

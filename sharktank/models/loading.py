@@ -13,6 +13,7 @@ from ..parallel import ParallelPlan, plan_from_directives
 from ..types import ShardedTensor
 from ..weights import Theta, WeightSource, WeightsError
 from .llama.config import LlamaConfig
+from .llama.layout import layout_problem
 from .llama.model import LlamaModel
 from .llama.presets import PRESET_DTYPES, PRESETS, random_theta
 
@@ -34,7 +35,10 @@ def weight_source(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaCon
     """Config and weights of any supported source, as a :class:`WeightSource`: deferred
     (shapes now, bytes when read) for Hugging Face checkpoints, ``.gguf`` and ``.irpa``
     files; in memory for presets and saved sharded thetas."""
-    from ..weights import gguf_source, hf_checkpoint_source, irpa_source, load_irpa_metadata, load_theta
+    from ..weights import irpa_source, load_irpa_metadata
+    from .llama.gguf_files import gguf_source
+    from .llama.hf_checkpoint import hf_checkpoint_source
+    from .llama.theta_dir import load_theta
 
     if isinstance(source, str) and source in PRESETS:
         config = PRESETS[source]
@@ -68,8 +72,6 @@ def weight_source(source: str | os.PathLike, *, seed: int = 0) -> tuple[LlamaCon
 
 def _checked(config: LlamaConfig, theta: Theta, path: Path) -> Theta:
     """Refuse tensors whose names or shapes disagree with the config (naming file and tensor)."""
-    from ..weights.llama_layout import layout_problem
-
     problem = layout_problem({k: tuple(v.shape) for k, v in theta.items()}, config)
     if problem is not None:
         raise WeightsError(problem[1], path=path, tensor=problem[0])

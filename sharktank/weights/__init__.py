@@ -1,40 +1,45 @@
-"""Model weights: the Theta container and its file formats.
+"""Model weights: the Theta container and its file formats, model-agnostic.
 
-Formats: Hugging Face safetensors checkpoints (read), GGUF (llama.cpp layout), IREE
-parameter archives, and sharded thetas as per-device archives plus a manifest. Every
-loader reports a bad file with :class:`WeightsError` naming the file and tensor.
-Importing this package imports no IREE module; the irpa functions load
-``iree.runtime`` when called.
+Formats: Hugging Face safetensors checkpoints (read), GGUF, IREE parameter archives, and
+sharded thetas as per-device archives plus a manifest. They deal in tensor names, dtypes,
+shapes, quantized blocks and raw metadata key/values; what a model's names and keys mean
+(the Llama config, llama.cpp's names and q/k row order) lives with the model:
+``sharktank.models`` has the Llama loaders and savers (``load_gguf``, ``save_gguf``,
+``load_hf_checkpoint``, ``save_theta``/``load_theta``, ``quantize_gguf``...). Nothing here
+imports ``sharktank.models``. Every reader reports a bad file with :class:`WeightsError`
+naming the file and tensor. Importing this package imports no IREE, gguf or safetensors
+module; the functions load them when called.
 """
 
-# Theta and WeightsError first: the format modules import sharktank.models (for
-# LlamaConfig), whose package init imports these two names back from here.
 from .errors import WeightsError
 from .theta import Theta
 from .source import WeightSource
 
-from .gguf_io import QUANTIZE_TO, gguf_source, load_gguf, quantize_gguf, save_gguf  # noqa: E402
-from .hf import hf_checkpoint_source, load_hf_checkpoint  # noqa: E402
-from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa  # noqa: E402
-from .sharded_io import load_theta, save_theta  # noqa: E402
+from .gguf_read import GgufFile, GgufTensor, read_gguf
+from .gguf_write import QUANTIZE_TO, quantized_entries, tensor_entry, write_gguf
+from .hf import CheckpointFiles, scan_checkpoint
+from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa
+from .sharded_io import load_sharded, save_sharded
 
 __all__ = [
     "Theta",
     "WeightSource",
-    "hf_checkpoint_source",
-    "gguf_source",
-    "quantize_gguf",
-    "QUANTIZE_TO",
-    "irpa_source",
     "WeightsError",
-    "load_hf_checkpoint",
-    "load_gguf",
-    "save_gguf",
+    "GgufFile",
+    "GgufTensor",
+    "read_gguf",
+    "write_gguf",
+    "tensor_entry",
+    "quantized_entries",
+    "QUANTIZE_TO",
+    "CheckpointFiles",
+    "scan_checkpoint",
+    "irpa_source",
     "load_irpa",
     "save_irpa",
     "IrpaWriter",
     "load_irpa_metadata",
     "irpa_keys",
-    "load_theta",
-    "save_theta",
+    "load_sharded",
+    "save_sharded",
 ]

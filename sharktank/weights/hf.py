@@ -1,73 +1,69 @@
-"""Hugging Face Llama checkpoints: ``config.json`` plus safetensors (one file or sharded)."""
+"""Hugging Face checkpoint files, model-agnostic: safetensors (one file or sharded with an index).
+
+:func:`scan_checkpoint` reads the safetensors headers of a checkpoint directory (names,
+shapes, dtypes, where each tensor's bytes are) and :meth:`CheckpointFiles.source` gives the
+chosen tensors as a :class:`WeightSource`, read one at a time. ``config.json`` and what the
+names mean are the model's business (``sharktank.models.llama``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
-from ..models.llama.config import LlamaConfig
 from ._files import resolve_inside
 from .errors import WeightsError
-from .llama_layout import layout_problem, llama_shapes
 from .source import WeightSource
-from .theta import Theta
 
-__all__ = ["load_hf_checkpoint", "hf_checkpoint_source"]
+__all__ = ["CONFIG_FILE", "SINGLE_FILE", "INDEX_FILE", "CheckpointFiles", "scan_checkpoint"]
 
+CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def load_hf_checkpoint(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
-    """Load a Llama checkpoint directory into (config, theta), checking every shape.
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """The tensors of a checkpoint directory's safetensors files, from their headers."""
 
-    Buffers such as ``rotary_emb.inv_freq`` are dropped, as is ``lm_head.weight`` when
-    the config ties it to the embedding. Anything missing, misshapen, unexpected or
-    unreadable raises :class:`WeightsError` naming the file and the tensor.
-    """
-    config, source = hf_checkpoint_source(path)
-    return config, Theta({name: source.read(name) for name in source.names()})
+    directory: Path
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]]  # every tensor the files hold
+    files: dict[str, Path]  # name -> the file holding it
+    listed: dict[str, Path]  # name -> the file the index names (empty without an index)
+
+    def file_of(self, name: str) -> Path:
+        """The file to name in an error about ``name`` (its file, or the index, or the single file)."""
+        return self.files.get(name) or self.listed.get(name) or _source(self.directory)
+
+    def source(self, names: Iterable[str]) -> WeightSource:
+        """The tensors ``names`` (in that order) as a :class:`WeightSource`: each tensor's bytes
+        are read from its file only when asked for."""
+        ordered = {name: self.specs[name] for name in names}
+        offsets: dict[str, int] = {}
+        for file in set(self.files.values()):
+            offsets.update({n: o for n, o in _data_offsets(file).items() if self.files.get(n) == file})
+        spans = {name: (str(self.files[name]), offsets[name]) for name in ordered if name in offsets}
+        return WeightSource(ordered, lambda name: _read_tensor(self.files[name], name), spans=spans, label=str(self.directory))
 
 
-def hf_checkpoint_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
-    """A checkpoint's config and its weights as a :class:`WeightSource`: names, shapes and
-    dtypes come from the safetensors headers (checked as :func:`load_hf_checkpoint` does);
-    each tensor's bytes are read from its file only when asked for, one at a time."""
-    directory = Path(path)
-    config = _read_config(directory / "config.json")
-    files, listed = _plan(directory)
+def scan_checkpoint(directory: str | os.PathLike) -> CheckpointFiles:
+    """Names, shapes and dtypes of every tensor in ``directory``'s safetensors files, from the
+    headers alone. A missing, unreadable or inconsistent file raises :class:`WeightsError`."""
+    directory = Path(directory)
+    plan, listed = _plan(directory)
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-    where: dict[str, Path] = {}
-    for file, names in files.items():
+    files: dict[str, Path] = {}
+    for file, names in plan.items():
         for name, spec in _read_headers(file, names).items():
             specs[name] = spec
-            where[name] = file
-    for name in list(specs):
-        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_word_embeddings):
-            del specs[name]
-    problem = layout_problem({n: shape for n, (shape, _) in specs.items()}, config)
-    if problem is not None:
-        name, reason = problem
-        raise WeightsError(reason, path=where.get(name) or listed.get(name) or _source(directory), tensor=name)
-    ordered = {name: specs[name] for name in llama_shapes(config)}
-    offsets: dict[str, int] = {}
-    for file in set(where.values()):
-        offsets.update({n: o for n, o in _data_offsets(file).items() if where.get(n) == file})
-    spans = {name: (str(where[name]), offsets[name]) for name in ordered if name in offsets}
-    return config, WeightSource(ordered, lambda name: _read_tensor(where[name], name), spans=spans, label=str(directory))
-
-
-def _read_config(file: Path) -> LlamaConfig:
-    if not file.is_file():
-        raise WeightsError("not found (a checkpoint directory needs config.json)", path=file)
-    try:
-        return LlamaConfig.from_hf(json.loads(file.read_text()))
-    except (ValueError, KeyError, TypeError) as e:
-        raise WeightsError(f"not a usable Llama config: {type(e).__name__}: {e}", path=file) from None
+            files[name] = file
+    return CheckpointFiles(directory, specs, files, listed)
 
 
 def _source(directory: Path) -> Path:

@@ -1,6 +1,6 @@
 """A directory of per-device irpa archives plus a JSON manifest, for sharded thetas.
 
-Layout of ``save_theta(directory, ...)``::
+Layout of ``save_sharded(directory, ...)``::
 
     directory/
       theta.json       manifest (below)
@@ -10,7 +10,7 @@ Layout of ``save_theta(directory, ...)``::
 ``theta.json``::
 
     {"format": "sharktank.theta", "version": 1,
-     "config": {...LlamaConfig.to_dict()...},
+     "config": {...the model config, as given...},
      "archives": {"device_5.irpa": {"size": 1234, "sha256": "..."}, ...},
      "tensors": {"<name>": {"kind": "split" | "replicated" | "unreduced" | "plain",
                             "shard_dim": 0 | null, "devices": [5, 2] | null,
@@ -19,8 +19,10 @@ Layout of ``save_theta(directory, ...)``::
                             "layout": "Q8_0" (only for quantized shards, stored as their blocks),
                             "shards": [{"file": "device_5.irpa", "key": "<name>"}, ...]}}}
 
-Devices are distinct within a tensor, so the tensor name is a unique key in each device
-file; a replicated tensor is stored once per device. Tensors keep their theta order.
+The format knows no model: the config is a JSON object, stored and returned as given
+(``sharktank.models.save_theta`` stores a ``LlamaConfig``). Devices are distinct within a
+tensor, so the tensor name is a unique key in each device file; a replicated tensor is
+stored once per device. Tensors keep their theta order.
 """
 
 from __future__ import annotations
@@ -28,18 +30,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
-from ..models.llama.config import LlamaConfig
 from ..types import LAYOUTS, QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor, stored
 from ._files import atomic_dir, atomic_file, resolve_inside, sha256_file
 from .errors import WeightsError
 from .irpa import _dtype_name, load_irpa, save_irpa
 from .theta import Theta
 
-__all__ = ["save_theta", "load_theta", "device_archive", "MANIFEST", "PLAIN_ARCHIVE"]
+__all__ = ["save_sharded", "load_sharded", "device_archive", "MANIFEST", "PLAIN_ARCHIVE"]
 
 MANIFEST = "theta.json"
 PLAIN_ARCHIVE = "plain.irpa"
@@ -52,8 +53,9 @@ def device_archive(device: int) -> str:
     return f"device_{device}.irpa"
 
 
-def save_theta(directory: str | os.PathLike, config: LlamaConfig, theta: Theta) -> None:
-    """Save ``config`` and a possibly sharded ``theta`` as one archive per device plus a manifest.
+def save_sharded(directory: str | os.PathLike, config: Mapping[str, Any], theta: Theta) -> None:
+    """Save ``config`` (a JSON object) and a possibly sharded ``theta`` as one archive per
+    device plus a manifest.
 
     The directory is built beside ``directory`` and renamed into place once complete. An
     existing ``directory`` is replaced only if it is empty or holds a ``theta.json``
@@ -71,21 +73,23 @@ def save_theta(directory: str | os.PathLike, config: LlamaConfig, theta: Theta) 
         for file, tensors in sorted(archives.items()):
             save_irpa(tmp / file, tensors)
             files[file] = {"size": (tmp / file).stat().st_size, "sha256": sha256_file(tmp / file)}
-        manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "archives": files, "tensors": entries}
+        manifest = {"format": FORMAT, "version": VERSION, "config": dict(config), "archives": files, "tensors": entries}
         with atomic_file(tmp / MANIFEST) as manifest_tmp:  # for its fsync
             manifest_tmp.write_text(json.dumps(manifest, indent=1))
 
 
-def load_theta(directory: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
-    """Load what :func:`save_theta` wrote, checking sizes, checksums, paths and shapes.
+def load_sharded(directory: str | os.PathLike, config_from: Callable[[dict[str, Any]], Any] = dict) -> tuple[Any, Theta]:
+    """Load what :func:`save_sharded` wrote, checking sizes, checksums, paths and shapes, as
+    ``(config_from(manifest config), theta)``.
 
-    Any problem raises :class:`WeightsError` naming the file (and tensor) concerned.
+    Any problem raises :class:`WeightsError` naming the file (and tensor) concerned; a
+    ``config_from`` raising TypeError or ValueError is reported as a bad config.
     """
     directory = Path(directory)
     manifest_path = directory / MANIFEST
     manifest = _read_manifest(manifest_path)
     try:
-        config = LlamaConfig.from_dict(manifest["config"])
+        config = config_from(manifest["config"])
     except (TypeError, ValueError) as e:
         raise WeightsError(f"bad config: {e}", path=manifest_path) from None
     contents = {}

@@ -1,7 +1,7 @@
 """Theta: a model's weights, a flat mapping of dotted names to plain or sharded tensors.
 
-Names follow the Hugging Face Llama layout (``model.layers.0.self_attn.q_proj.weight``)
-whatever file the weights came from; loaders translate other layouts (GGUF) to it.
+Names are the model's: the Llama loaders of ``sharktank.models`` give the Hugging Face
+layout (``model.layers.0.self_attn.q_proj.weight``) whatever file the weights came from.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from quantized_models import CONFIG, TOKENS, quantized_theta
 from sharktank.export.artifact import export_artifact
 from sharktank.models import load_model
 from sharktank.runtime import CompiledModel
-from sharktank.weights import save_gguf
+from sharktank.models import save_gguf
 
 _GLOBAL = re.compile(r'util\.global private @"__auto\.([^"]+)".*?= #flow\.parameter\.named<"model"::"[^"]+"> : tensor<([^>]+)>')
 

@@ -20,8 +20,8 @@ from make_checkpoint import write_checkpoint  # noqa: E402
 
 from sharktank.export.artifact import export_artifact  # noqa: E402
 from sharktank.export.llama import lift_weights  # noqa: E402
-from sharktank.models import load_model, load_weights, save_model_irpa  # noqa: E402
-from sharktank.weights import load_irpa, save_gguf  # noqa: E402
+from sharktank.models import load_model, load_weights, save_gguf, save_model_irpa  # noqa: E402
+from sharktank.weights import load_irpa  # noqa: E402
 
 SMALL = {  # a tied, GQA Llama small enough to compile in seconds
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

@@ -9,7 +9,8 @@ from reference import assert_logits_match, hf_llama
 from sharktank import ops
 from sharktank.models import load_model, save_model_irpa
 from sharktank.types import ShardedTensor, is_deep_equal
-from sharktank.weights import WeightsError, save_gguf, save_theta
+from sharktank.models import save_gguf, save_theta
+from sharktank.weights import WeightsError
 
 TOKENS = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(0))
 
@@ -52,7 +53,7 @@ def test_every_source_matches_transformers(sources, kind, tp, pp):
 
 
 def test_sharded_save_keeps_placement(sources):
-    from sharktank.weights import load_theta
+    from sharktank.models import load_theta
 
     root, _ = sources
     _, theta = load_theta(root / "theta")

@@ -13,7 +13,7 @@ from sharktank.models import load_model
 from sharktank.models.llama.model import LlamaModel
 from sharktank.parallel import ParallelPlan
 from sharktank.types import QuantizedTensor
-from sharktank.weights import save_gguf
+from sharktank.models import save_gguf
 
 @pytest.fixture(scope="module", params=["q8_0", "q4_k_m"])
 def quantized_file(request, tmp_path_factory):

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from guards import Watch, inotify_available, no_pickle, tree_state
-from sharktank.models import load_model, save_model_irpa
+from sharktank.models import load_model, save_gguf, save_model_irpa, save_theta
 from sharktank.models.llama.config import LlamaConfig
 from sharktank.models.llama.presets import random_theta
 from sharktank.runtime import ArtifactError, CompiledModel
 from sharktank.types import SplitPrimitiveTensor
-from sharktank.weights import Theta, WeightsError, save_gguf, save_theta
+from sharktank.weights import Theta, WeightsError
 
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=32)
 TOKENS = torch.tensor([[1, 2, 3, 4]])

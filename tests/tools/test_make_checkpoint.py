@@ -23,8 +23,8 @@ from bench_limits import weight_bytes_per_token  # noqa: E402
 from make_checkpoint import CONFIGS, cached_checkpoint, write_checkpoint  # noqa: E402
 
 from sharktank.models.llama.config import LlamaConfig  # noqa: E402
-from sharktank.weights import load_hf_checkpoint  # noqa: E402
-from sharktank.weights.llama_layout import llama_shapes  # noqa: E402
+from sharktank.models import load_hf_checkpoint  # noqa: E402
+from sharktank.models.llama.layout import llama_shapes  # noqa: E402
 
 SHARD = 60_000  # tiny is 214 kB in bfloat16: four files, the embedding (65.5 kB) alone in one
 

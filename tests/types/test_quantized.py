@@ -150,7 +150,8 @@ def test_sharded_quantized_embedding_lookup_equals_the_dequantized_one():
 def test_sharded_quantized_weights_keep_their_placement_through_save_theta(tmp_path):
     from sharktank.models.llama.presets import PRESETS
     from sharktank.types import ReplicatedTensor, SplitPrimitiveTensor, is_deep_equal
-    from sharktank.weights import Theta, load_theta, save_theta
+    from sharktank.models import load_theta, save_theta
+    from sharktank.weights import Theta
 
     w = _quantized_weight("Q4_K", 4, 2)
     theta = Theta({

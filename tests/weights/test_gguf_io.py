@@ -10,8 +10,9 @@ from gguf.quants import quantize
 
 from sharktank.models.llama.config import LlamaConfig
 from sharktank.types import ReplicatedTensor
-from sharktank.weights import Theta, WeightsError, load_gguf, load_hf_checkpoint, save_gguf
-from sharktank.weights.llama_layout import llama_shapes
+from sharktank.models import load_gguf, load_hf_checkpoint, save_gguf
+from sharktank.models.llama.layout import llama_shapes
+from sharktank.weights import Theta, WeightsError
 
 SMALL = LlamaConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=64

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sharktank.weights import WeightsError, load_hf_checkpoint
+from sharktank.models import load_hf_checkpoint
+from sharktank.weights import WeightsError
 
 
 def _copy(src, tmp_path):

@@ -13,7 +13,8 @@ from placing import device_tuples, place
 
 from sharktank.models.llama.config import LlamaConfig
 from sharktank.types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor, is_deep_equal
-from sharktank.weights import Theta, WeightsError, irpa_keys, load_irpa, load_theta, save_theta
+from sharktank.models import load_theta, save_theta
+from sharktank.weights import Theta, WeightsError, irpa_keys, load_irpa
 from sharktank.weights import sharded_io
 
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2)

@@ -6,6 +6,7 @@ import torch
 
 from ...weights import Theta
 from .config import LlamaConfig
+from .layout import llama_shapes
 
 __all__ = ["PRESETS", "PRESET_DTYPES", "random_theta"]
 
@@ -44,8 +45,6 @@ PRESET_DTYPES: dict[str, torch.dtype] = {"toy-llama-3l": torch.float16}
 def random_theta(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Theta:
     """Seeded random weights in the Hugging Face layout (the same seed gives the same bits):
     norms near 1, the embedding at scale 1, the LM head at 0.2, the rest at 0.05."""
-    from ...weights.llama_layout import llama_shapes
-
     g = torch.Generator().manual_seed(seed)
     t = {}
     for name, shape in llama_shapes(config).items():  # in model order: the draws stay fixed

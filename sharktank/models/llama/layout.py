@@ -1,10 +1,14 @@
-"""The Hugging Face Llama tensor layout a config implies: names and shapes."""
+"""The Hugging Face Llama tensor layout a config implies: names and shapes.
+
+Every Llama file format loads into this layout and is checked against it
+(:func:`layout_problem`), whatever names the file itself uses.
+"""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..models.llama.config import LlamaConfig
+from .config import LlamaConfig
 
 __all__ = ["llama_shapes", "layout_problem"]
 
