@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime.hosts_artifacts import hosts_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = ["--tokens", "1,2,3,4,5", "--max-new-tokens", "8"]
@@ -46,25 +47,13 @@ def _finish(procs: list[subprocess.Popen], timeout: float = LIMIT_S) -> list[tup
     return out
 
 
-def _export(*args) -> subprocess.Popen:
-    return subprocess.Popen(_cli("export", "--model", "toy-llama", "--max-seq-len", "32", *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """The same model exported three ways, built side by side: one host tp2×pp2, tp2×pp2 over
-    2 hosts, pp4 over 4 hosts."""
-    base = tmp_path_factory.mktemp("hosts")
-    dirs = {"single": base / "single", "tp2pp2x2": base / "tp2pp2x2", "pp4x4": base / "pp4x4"}
-    procs = [
-        _export("--tp", "2", "--pp", "2", "--output-dir", dirs["single"]),
-        _export("--tp", "2", "--pp", "2", "--hosts", "2", "--output-dir", dirs["tp2pp2x2"]),
-        _export("--pp", "4", "--hosts", "4", "--output-dir", dirs["pp4x4"]),
-    ]
-    for (rc, _, err, _), name in zip(_finish(procs, 300), dirs):
-        assert rc == 0, f"export {name} failed:\n{err[-3000:]}"
-    dirs["want"] = _single_host(dirs["single"], base / "single.npy")  # the reference run, once
-    dirs["want_logits"] = np.load(base / "single.npy")
+    """The same model exported three ways (see hosts_artifacts) and the one-host reference run."""
+    dirs = dict(hosts_artifacts(tmp_path_factory))
+    logits = tmp_path_factory.mktemp("reference") / "single.npy"
+    dirs["want"] = _single_host(dirs["single"], logits)  # the reference run, once
+    dirs["want_logits"] = np.load(logits)
     return dirs
 
 
