@@ -56,6 +56,7 @@ from .compiled import ArtifactError, CompiledModel, ModelLost, PrefillDecode, _i
 __all__ = ["DistributedError", "DistributedEnv", "DistributedModel", "HostProgram", "read_hosts_manifest", "DEFAULT_TIMEOUT_S", "HEARTBEAT_S"]
 
 DEFAULT_TIMEOUT_S = 60.0
+REPORT_TIMEOUT_S = 2.0  # a failing rank's reads and writes of the others' failure reports
 HEARTBEAT_S = 1.0  # an idle rank-0 driver pings the other ranks this often (at most)
 STOP, PREFILL, DECODE, PREFILL_ROW, PING = 0, 1, 2, 3, 4
 _OPS = {"prefill": PREFILL, "decode": DECODE, "prefill_row": PREFILL_ROW}
@@ -251,7 +252,18 @@ class DistributedModel(PrefillDecode):
         else:
             why = f"{who}: {text.splitlines()[0]}"
         msg = f"rank {self.rank}: {what} {why}"
-        reports = []
+        # The reports are best-effort and bounded: the store may live in the rank that hung
+        # (rank 0 without torchrun), where a store call can block past any store timeout.
+        reports: list[str] = []
+        talk = threading.Thread(target=self._exchange_reports, args=(msg, reports), daemon=True)
+        talk.start()
+        talk.join(min(REPORT_TIMEOUT_S, self.timeout_s))
+        if reports:
+            msg += "; " + "; ".join(list(reports))
+        return DistributedError(msg)
+
+    def _exchange_reports(self, msg: str, reports: list[str]) -> None:
+        """Read the other ranks' failure reports into ``reports``, then leave ``msg`` as this one's."""
         for r in range(self.world_size):
             key = self._key(f"failed/{r}")
             try:
@@ -259,13 +271,10 @@ class DistributedModel(PrefillDecode):
                     reports.append(self.store.get(key).decode())
             except RuntimeError:
                 break  # the store went with rank 0
-        if reports:
-            msg += "; " + "; ".join(reports)
         try:
             self.store.set(self._key(f"failed/{self.rank}"), msg)
         except RuntimeError:
             pass
-        return DistributedError(msg)
 
     def _send(self, t: torch.Tensor, peer: int, kind: str | None = None) -> None:
         try:
