@@ -39,6 +39,9 @@ REQUEST_S = 30
 # A lost rank or a stopped rank 0 ends every rank within this (measured: ~1-3 s; the CLI's
 # shutdown grace for open requests is 5 s).
 EXIT_BOUND_S = 12
+# Under torchrun each node's agent also waits for the other agents in its exit barrier (and
+# node 0's for its worker, up to torchrun's own 30 s): a looser bound on whole nodes.
+TORCHRUN_EXIT_S = 45
 PROMPTS = [("Hello", 12), ("The quick brown", 9), ("ab", 14), ("multi-host serving", 6)]
 
 
@@ -150,10 +153,10 @@ def test_two_hosts_serve_the_one_host_answers_and_stop_together(hosts, reference
         # node exits 0 (it was told to stop, it lost nothing).
         ranks.procs[0].send_signal(signal.SIGTERM)
         t0 = time.monotonic()
-        rc1, end1 = ranks.wait(1, EXIT_BOUND_S)
-        ranks.wait(0, EXIT_BOUND_S)
+        rc1, end1 = ranks.wait(1, TORCHRUN_EXIT_S)
+        ranks.wait(0, TORCHRUN_EXIT_S)
         assert rc1 == 0, ranks.err(1)[-3000:]
-        assert end1 - t0 < EXIT_BOUND_S
+        assert end1 - t0 < TORCHRUN_EXIT_S
 
 
 _DIE_ON_TRIGGER = (
