@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -14,6 +15,10 @@ from . import __version__
 
 _RECIPE_KEYS = {"model", "tp", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
 _DEFAULTS = {"tp": 1, "pp": None, "hosts": 1, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+
+
+# serve: seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
+SHUTDOWN_GRACE_S = 5
 
 
 class CliError(Exception):
@@ -203,12 +208,40 @@ def _timings(model, t0: float, loaded: float) -> dict:
     }
 
 
-def _run_prompt(args) -> int:
-    from .runtime import CompiledModel
+def _open_model(args, distributed: bool):
+    """``(model, rank)``: the artifact's model, or this rank's share of a multi-host one
+    (connected to the other ranks; rank 0 drives it, the others run ``serve()``)."""
+    if not distributed:
+        from .runtime import CompiledModel
+
+        return CompiledModel(args.dir, driver=args.driver), 0
+    from .runtime.distributed import DistributedEnv, DistributedModel
+
+    model = DistributedModel(args.dir, DistributedEnv.from_environ(), timeout_s=args.timeout, driver=args.driver, bind=args.bind)
+    return model, model.rank
+
+
+def _text_dir(directory: str, distributed: bool) -> Path:
+    """Where an artifact's tokenizer is: a multi-host artifact's first host (rank 0) holds it."""
+    if not distributed:
+        return Path(directory)
+    from .runtime.distributed import read_hosts_manifest
+
+    return Path(directory) / read_hosts_manifest(directory)["hosts"][0]["dir"]
+
+
+def _run_prompt(args, distributed: bool) -> int:
     from .text import SamplingParams, load_tokenizer
     from .text.generate import generate_text
 
-    tokenizer = load_tokenizer(args.dir)
+    if distributed:
+        from .runtime.distributed import DistributedEnv
+
+        if DistributedEnv.from_environ().rank != 0:  # rank 0 owns the text: the others open no tokenizer
+            model, _ = _open_model(args, True)
+            model.serve()
+            return 0
+    tokenizer = load_tokenizer(_text_dir(args.dir, distributed))
     if tokenizer is None:
         raise CliError(f"{args.dir}: the artifact has no tokenizer (its export source carried none); give token ids with --tokens")
     try:
@@ -224,14 +257,20 @@ def _run_prompt(args) -> int:
     if not prompt_ids:
         raise CliError("--prompt encodes to no tokens")
     t0 = time.perf_counter()
-    model = CompiledModel(args.dir, driver=args.driver)
+    model, _ = _open_model(args, distributed)
     loaded = time.perf_counter()
-    limit = min(f["cache"]["max_seq_len"] for f in model.manifest["functions"].values())
-    if len(prompt_ids) + params.max_tokens > limit:
-        raise CliError(f"the prompt's {len(prompt_ids)} tokens + --max-new-tokens {params.max_tokens} exceed the exported cache length {limit}")
-    show = (lambda piece: None) if args.json else (lambda piece: print(piece, end="", flush=True))
-    gen = generate_text(model, tokenizer, prompt_ids, params, stop=args.stop, on_text=show)
+    try:
+        limit = min(f["cache"]["max_seq_len"] for f in model.functions.values())
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise CliError(f"the prompt's {len(prompt_ids)} tokens + --max-new-tokens {params.max_tokens} exceed the exported cache length {limit}")
+        show = (lambda piece: None) if args.json else (lambda piece: print(piece, end="", flush=True))
+        gen = generate_text(model, tokenizer, prompt_ids, params, stop=args.stop, on_text=show)
+    finally:
+        if distributed:
+            model.close()  # stops the other ranks (also after an error here)
     result = {"text": gen.text, "ids": gen.ids, "prompt_ids": prompt_ids, "finish_reason": gen.finish_reason, **_timings(model, t0, loaded)}
+    if distributed:
+        result["hosts"] = model.world_size
     if args.json:
         print(json.dumps(result))
     else:
@@ -245,27 +284,18 @@ def cmd_run(args) -> int:
     import numpy as np
     import torch
 
-    from .runtime import CompiledModel
-
     distributed = args.distributed or _multi_host(args.dir)
     if args.prompt is not None:
-        if distributed:
-            raise CliError("--prompt is not supported on a multi-host artifact yet; give token ids with --tokens")
-        return _run_prompt(args)
+        return _run_prompt(args, distributed)
     rows = [_ints(r, "--tokens") for r in args.tokens.split(";")]
     if len({len(r) for r in rows}) != 1:
         raise CliError(f"--tokens: every sequence must have the same length, found {[len(r) for r in rows]}")
     tokens = torch.tensor(rows, dtype=torch.int64)
     t0 = time.perf_counter()
-    if distributed:
-        from .runtime.distributed import DistributedEnv, DistributedModel
-
-        model = DistributedModel(args.dir, DistributedEnv.from_environ(), timeout_s=args.timeout, driver=args.driver, bind=args.bind)
-        if model.rank != 0:
-            model.serve()  # rank 0 owns the prompt and the output
-            return 0
-    else:
-        model = CompiledModel(args.dir, driver=args.driver)
+    model, rank = _open_model(args, distributed)
+    if rank != 0:
+        model.serve()  # rank 0 owns the prompt and the output
+        return 0
     loaded = time.perf_counter()
     ids, logits = model.generate(tokens, args.max_new_tokens)
     result = {"ids": ids.tolist() if len(rows) > 1 else ids[0].tolist(), **_timings(model, t0, loaded)}
@@ -366,40 +396,63 @@ def cmd_inspect(args) -> int:
 
 
 # --- serve -------------------------------------------------------------------------------------
-def _serve_loader(args):
-    """Loads the artifact's model, engine and tokenizer (on the server's loading thread)."""
+def _serve_loader(args, distributed: bool, held: dict):
+    """Loads the artifact's model, engine and tokenizer (on the server's loading thread);
+    ``held`` gets the model (to close at the end) and, when another rank failed, ``rc`` 3."""
 
     def load():
-        from .runtime import CompiledModel
+        from .runtime.distributed import DistributedError
         from .serving.engine import Engine
         from .text import load_tokenizer
 
-        tokenizer = load_tokenizer(args.dir)
+        tokenizer = load_tokenizer(_text_dir(args.dir, distributed))
         if tokenizer is None:
             raise CliError(f"{args.dir}: the artifact has no tokenizer (its export source carried none); serve needs one to return text")
-        engine = Engine(CompiledModel(args.dir, driver=args.driver), batch_size=args.max_batch, max_queue=args.max_queue)
+        try:
+            held["model"], _ = _open_model(args, distributed)
+        except DistributedError:
+            held["rc"] = 3
+            raise
+        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue)
         return engine, tokenizer
 
     return load
 
 
-def _announce(server, state, args, host: str) -> None:
-    """Print the URL once the model is loaded and the socket bound; stop the server if loading failed."""
+def _watch(server, state, args, host: str, held: dict) -> None:
+    """Print the URL once the model is loaded and the socket bound; stop the server if loading
+    failed or, later, the engine lost its model (exit status 3: a host of the artifact failed)."""
+    announced = False
     while not server.should_exit:
-        if state.error:
-            print(f"sharktank serve: error: {state.error}", file=sys.stderr, flush=True)
+        if state.error or state.failure:
+            print(f"sharktank serve: error: {state.error or state.failure}", file=sys.stderr, flush=True)
+            if state.failure:
+                held["rc"] = 3
             server.should_exit = True
             return
-        if state.ready.is_set() and server.started:
+        if not announced and state.ready.is_set() and server.started:
             port = server.servers[0].sockets[0].getsockname()[1] if server.servers else args.port
             print(f"serving {state.model_name} at http://{host}:{port}/v1 (health: http://{host}:{port}/health); Ctrl-C stops", flush=True)
-            return
+            announced = True
         time.sleep(0.05)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 def cmd_serve(args) -> int:
     import threading
 
+    distributed = args.distributed or _multi_host(args.dir)
+    if distributed:
+        from .runtime.distributed import DistributedEnv, read_hosts_manifest
+
+        read_hosts_manifest(args.dir)
+        if DistributedEnv.from_environ().rank != 0:  # rank 0 serves HTTP; the others run its calls
+            model, _ = _open_model(args, True)
+            model.serve()
+            return 0
     try:
         import uvicorn
 
@@ -408,18 +461,27 @@ def cmd_serve(args) -> int:
         raise CliError(f"serve needs the web server packages ({e.name} is missing): pip install 'sharktank[serve]'") from None
     from .runtime import read_manifest
 
-    read_manifest(args.dir)  # not an artifact: one line now, not after the server started
+    if not distributed:
+        read_manifest(args.dir)  # not an artifact: one line now, not after the server started
     if args.max_queue < 0:
         raise CliError(f"--max-queue must be >= 0, found {args.max_queue}")
     name = args.model_name or Path(args.dir).resolve().name
-    app = create_app(None, None, name, load=_serve_loader(args))
+    held: dict = {}
+    app = create_app(None, None, name, load=_serve_loader(args, distributed, held))
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"sharktank serve: warning: listening on {args.host}: the API has no authentication; anyone who can reach this port can use it", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     host = f"[{args.host}]" if ":" in args.host else args.host
-    threading.Thread(target=_announce, args=(server, app.state.serving, args, host), daemon=True).start()
-    server.run()
-    return 2 if app.state.serving.error or not server.started else 0
+    threading.Thread(target=_watch, args=(server, app.state.serving, args, host, held), daemon=True).start()
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit through the finally
+    # below (which stops the other ranks) instead of dying of it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        server.run()
+    finally:
+        if distributed and "model" in held:
+            held["model"].close()  # stops the other ranks (nothing to do when one was lost)
+    return held.get("rc") or (2 if app.state.serving.error or not server.started else 0)
 
 
 # --- parser ------------------------------------------------------------------------------------
@@ -427,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.cache_size import DEFAULT_MAX_SEQ_LEN
     from .export.compile import TARGETS
     from .models import SOURCES_HELP
-    from .runtime.distributed import DEFAULT_TIMEOUT_S
+    from .runtime.distributed import DEFAULT_TIMEOUT_S, HEARTBEAT_S
 
     parser = argparse.ArgumentParser(
         prog="sharktank",
@@ -524,6 +586,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--driver", choices=[d for t in TARGETS.values() for d in t.drivers],
         help="IREE runtime driver (default: the one compiled for; CPU: local-task or local-sync)",
     )
+    v.add_argument("--distributed", action="store_true", help="serve a multi-host artifact (`export --hosts`) under torchrun, one rank per host "
+        "(implied for one): rank 0 serves HTTP and runs the engine, the other ranks run its calls")
+    v.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"distributed: seconds any rank waits to join or for a message "
+        f"(default {DEFAULT_TIMEOUT_S:g}); a rank that exits is noticed at once, by an idle rank 0 within {HEARTBEAT_S:g} s")
+    v.add_argument("--bind", help="distributed: the address this rank's gloo connections listen on (as for run)")
     v.add_argument("--log-level", dest="log_level", default="warning", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's log level (default warning)")
     v.set_defaults(func=cmd_serve)
 

@@ -16,7 +16,10 @@ What crosses a host boundary is a function argument or result. Per batch size ``
 
 - first host: ``prefill_bs{B}(tokens[B, S], positions[B, S], *cache) -> (hidden[B, S, D], *cache)``;
 - later hosts: ``(hidden[B, S, D], positions[B, S], *cache) -> (hidden | logits, *cache)``,
-  the last one returning ``logits[B, S, vocab]``.
+  the last one returning ``logits[B, S, vocab]``;
+- for ``B > 1`` also ``prefill_row_bs{B}(x[1, S, ...], positions[1, S], row[1], *cache)``:
+  one prompt into batch row ``row`` of the batch-``B`` cache, the other rows left as they
+  were (what continuous batching admits a request with; see :mod:`sharktank.export.llama`).
 
 ``hidden`` is one copy of the residual stream (the tensor-parallel group holds it
 replicated; the next host replicates it over its own group) in the model's dtype, bfloat16
@@ -39,7 +42,7 @@ from ..parallel import ParallelPlan, PlanError
 from ..types import ReplicatedTensor, ShardedTensor
 from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
-from .llama import cache_arg_specs, import_programs, lift_weights, trace_program
+from .llama import cache_arg_specs, import_programs, lift_weights, row_index, trace_program
 from .program import arg_devices
 
 __all__ = ["HOSTS_FORMAT", "host_dir", "host_stages", "host_plan", "export_hosts"]
@@ -102,8 +105,7 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
         leaves, spec = pytree.tree_flatten(entries)
         cache_devices = arg_devices((entries,))
 
-        def forward(module, x, positions, *cache_leaves):
-            mine = pytree.tree_unflatten(list(cache_leaves), spec)
+        def run(module, x, positions, mine):
             held = module.stages()
             if first:
                 h = model.embed(x, home, held[0][0])
@@ -114,29 +116,52 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
             out = model.head(h, held[-1][0]) if last else _one_copy(h)
             if out.dtype == torch.bfloat16:
                 out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: pass the bits
+            return out, new
+
+        def forward(module, x, positions, *cache_leaves):
+            out, new = run(module, x, positions, pytree.tree_unflatten(list(cache_leaves), spec))
             return (out, *pytree.tree_leaves(new))
 
-        arg_device = {i: DeviceAffinity(d) for i, d in enumerate([home, home, *cache_devices])}
-        for kind, seq in (("prefill", 8), ("decode", 1)):
+        def forward_row(module, x, positions, row, *cache_leaves):
+            # One prompt into batch row `row`: that row of every cache entry is taken out, runs
+            # as a batch of one and is written back; no other row is read or written.
+            mine = pytree.tree_unflatten(list(cache_leaves), spec)
+            row_on = row_index(row, home)
+            old = [tuple(ops.index_select(e, 0, row_on(e.devices)) for e in kv) for kv in mine]
+            out, new = run(module, x, positions, old)
+            new = [tuple(ops.index_put(e, [row_on(e.devices)], n) for e, n in zip(kv, nkv)) for kv, nkv in zip(mine, new)]
+            return (out, *pytree.tree_leaves(new))
+
+        # prefill_row_bs1 would be prefill_bs1: exported only for batches of several rows.
+        for kind, seq in (("prefill", 8), ("decode", 1)) + ((("prefill_row", 8),) if b > 1 else ()):
             name = f"{kind}_bs{b}"
-            s_dim = "S" if kind == "prefill" else 1
-            positions = torch.arange(seq)[None, :].expand(b, seq).clone()
+            rows_in = 1 if kind == "prefill_row" else b
+            s_dim = 1 if kind == "decode" else "S"
+            positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
             if first:
-                x = torch.zeros(b, seq, dtype=torch.int64)
-                x_spec = {"name": "tokens", "shape": [b, s_dim], "dtype": "int64", "device": home}
+                x = torch.zeros(rows_in, seq, dtype=torch.int64)
+                x_spec = {"name": "tokens", "shape": [rows_in, s_dim], "dtype": "int64", "device": home}
             else:
-                x = torch.zeros(b, seq, c.hidden_size, dtype=torch.int16 if model.dtype == torch.bfloat16 else model.dtype)
-                x_spec = {"name": "hidden", "shape": [b, s_dim, c.hidden_size], "dtype": wire, "device": home}
+                x = torch.zeros(rows_in, seq, c.hidden_size, dtype=torch.int16 if model.dtype == torch.bfloat16 else model.dtype)
+                x_spec = {"name": "hidden", "shape": [rows_in, s_dim, c.hidden_size], "dtype": wire, "device": home}
+            named = [x_spec, {"name": "positions", "shape": [rows_in, s_dim], "dtype": "int64", "device": home}]
+            args = [x, positions]
+            if kind == "prefill_row":
+                named.append({"name": "row", "shape": [1], "dtype": "int64", "device": home})
+                args.append(torch.zeros(1, dtype=torch.int64))
             dynamic = None
-            if kind == "prefill":
+            if kind != "decode":
                 s = torch.export.Dim("seq_len", min=2, max=t)
-                dynamic = ({1: s}, {1: s}, tuple([None] * len(leaves)))
-            trace_program(fxb, forward, (x, positions, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True)
-            out = {"name": "logits", "shape": [b, s_dim, c.vocab_size], "dtype": wire} if last else {"name": "hidden", "shape": [b, s_dim, c.hidden_size], "dtype": wire}
+                dynamic = ({1: s}, {1: s}, *([None] if kind == "prefill_row" else []), tuple([None] * len(leaves)))
+            arg_device = {i: DeviceAffinity(d) for i, d in enumerate([home] * len(named) + cache_devices)}
+            fn = forward_row if kind == "prefill_row" else forward
+            trace_program(fxb, fn, (*args, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True)
+            width = c.vocab_size if last else c.hidden_size
+            out = {"name": "logits" if last else "hidden", "shape": [rows_in, s_dim, width], "dtype": wire}
             specs[name] = {
                 "batch_size": b,
-                "args": [x_spec, {"name": "positions", "shape": [b, s_dim], "dtype": "int64", "device": home}, *cache_arg_specs(leaves, cache_devices)],
-                "results": [out] + [{"name": f"cache.{i}", "same_as_arg": 2 + i} for i in range(len(leaves))],
+                "args": [*named, *cache_arg_specs(leaves, cache_devices)],
+                "results": [out] + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
                 "cache": {"paths": [0], "rows": [[0, b]], "max_seq_len": t},
             }
     return str(import_programs(fxb).mlir_module), weights, specs

@@ -37,7 +37,7 @@ from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor
 from ..weights import WeightSource
 from .program import arg_devices
 
-__all__ = ["ExportedWeights", "lift_weights", "export_llama", "trace_program", "import_programs", "cache_arg_specs", "SCOPE"]
+__all__ = ["ExportedWeights", "lift_weights", "export_llama", "trace_program", "import_programs", "cache_arg_specs", "row_index", "SCOPE"]
 
 SCOPE = "model"
 
@@ -257,6 +257,20 @@ def _holds_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
     return ((row - start) == _local_row(row, start=start, n=n)).reshape(-1, 1, 1, 1)
 
 
+def row_index(row: torch.Tensor, home: int):
+    """``devices -> row`` there: the batch row index ``row`` (``[1]`` int64 on device ``home``)
+    replicated to each device group that asks, once per group."""
+    origin = ReplicatedTensor(ts=[row], devices=(home,))
+    at: dict[tuple[int, ...], ReplicatedTensor] = {}
+
+    def row_on(devices):
+        if devices not in at:
+            at[devices] = ops.replicate(origin, devices=devices)
+        return at[devices]
+
+    return row_on
+
+
 def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: list, paths: list[int], rows: list, first_device: int):
     """``(logits [1, S, vocab], new entries)``: the prompt ``tokens`` prefilled into batch row
     ``row`` (``[1]`` int64 on ``first_device``) of a cache whose microbatches are ``paths``/``rows``.
@@ -268,14 +282,7 @@ def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: lis
     be chosen while tracing: each microbatch prefills its clamped local row along its own
     path (on its own devices), writes back its old slice unless it holds the row (a
     ``where``: bit-exact), and the logits are those of the owner."""
-    home = ReplicatedTensor(ts=[row], devices=(first_device,))
-    at: dict[tuple[int, ...], ReplicatedTensor] = {}  # device group -> the row index there
-
-    def row_on(devices):
-        if devices not in at:
-            at[devices] = ops.replicate(home, devices=devices)
-        return at[devices]
-
+    row_on = row_index(row, first_device)
     batch = sum(n for _, n in rows)
     logits, new_entries = None, []
     for m, (path, (start, n)) in enumerate(zip(paths, rows)):

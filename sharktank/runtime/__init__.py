@@ -1,6 +1,6 @@
 """Running compiled multi-device modules with the IREE runtime."""
 
-from .compiled import ArtifactError, CompiledModel, InputError, read_manifest
+from .compiled import ArtifactError, CompiledModel, InputError, ModelLost, read_manifest
 from .session import Session
 
-__all__ = ["Session", "CompiledModel", "ArtifactError", "InputError", "read_manifest"]
+__all__ = ["Session", "CompiledModel", "ArtifactError", "InputError", "ModelLost", "read_manifest"]

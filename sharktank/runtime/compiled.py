@@ -28,7 +28,7 @@ from ..weights._files import resolve_inside
 from .session import Session
 from .verified import VerifiedFiles
 
-__all__ = ["ArtifactError", "InputError", "read_manifest", "CompiledModel", "generate_greedy"]
+__all__ = ["ArtifactError", "InputError", "ModelLost", "read_manifest", "PrefillDecode", "CompiledModel", "generate_greedy"]
 
 
 class ArtifactError(ValueError):
@@ -37,6 +37,11 @@ class ArtifactError(ValueError):
 
 class InputError(ValueError):
     """Inputs a compiled model cannot take (shape, dtype, token ids, length, batch size)."""
+
+
+class ModelLost(RuntimeError):
+    """The model can take no more calls (a host of a multi-host artifact failed or left):
+    whoever drives it should stop rather than retry."""
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
@@ -92,7 +97,60 @@ def _check_file(directory: Path, name: str, sha: str | None, manifest: Path, ver
     return path
 
 
-class CompiledModel:
+class PrefillDecode:
+    """``prefill``, ``prefill_row``, ``decode`` and ``generate``: what ``run`` and the serving
+    engine call, written once on a subclass's ``forward(kind, tokens, positions, cache, *,
+    batch, row)``, ``new_cache(batch)`` and ``_cache_batch(cache)``. :class:`CompiledModel`
+    runs them on its devices, ``distributed.DistributedModel`` down a pipeline of hosts.
+
+    ``functions``: the exported functions' specs (names ``{kind}_bs{B}``, batch sizes, cache
+    length). ``idle()``: called by a driver with nothing to run, often (every few tens of ms):
+    a model that must keep a connection alive does it there; it raises :class:`ModelLost`
+    when the model is gone."""
+
+    manifest: dict
+
+    @property
+    def functions(self) -> dict[str, dict]:
+        return self.manifest["functions"]
+
+    def idle(self) -> None:
+        pass
+
+    def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
+        """``(logits [B, S, vocab], cache)`` for a prompt from position 0."""
+        _check_tokens(tokens)
+        cache = cache if cache is not None else self.new_cache(tokens.shape[0])
+        positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
+        return self.forward("prefill", tokens, positions, cache)
+
+    def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
+        """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
+        into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
+        :meth:`new_cache` or a previous call); the other rows are left as they were."""
+        _check_tokens(tokens)
+        if tokens.shape[0] != 1:
+            raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
+        batch = self._cache_batch(cache)
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:
+            raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
+        positions = torch.arange(tokens.shape[1])[None, :]
+        if batch == 1:  # prefill_row_bs1 would be prefill_bs1 (not exported)
+            return self.forward("prefill", tokens, positions, cache)
+        return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row)
+
+    def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
+        if not (isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor)) or tokens.numel() != positions.numel():
+            raise InputError("decode takes one token and one position per sequence (tokens [B], positions [B])")
+        return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64).contiguous(), cache)
+
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
+        return generate_greedy(self, tokens, max_new_tokens)
+
+
+class CompiledModel(PrefillDecode):
     """A compiled artifact on its devices. ``prefill``/``decode`` take and return torch tensors.
 
     ``driver``: the IREE runtime driver; by default the one the artifact was compiled for.
@@ -237,28 +295,6 @@ class CompiledModel:
         # bfloat16 logits come back as their int16 bits (numpy has no bfloat16; see export).
         return host.view(torch.bfloat16) if self.manifest["model"]["dtype"] == "bfloat16" else host
 
-    def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
-        """``(logits [B, S, vocab], cache)`` for a prompt from position 0."""
-        _check_tokens(tokens)
-        cache = cache if cache is not None else self.new_cache(tokens.shape[0])
-        positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
-        return self.forward("prefill", tokens, positions, cache)
-
-    def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
-        """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
-        into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
-        :meth:`new_cache` or a previous call); the other rows are left as they were."""
-        _check_tokens(tokens)
-        if tokens.shape[0] != 1:
-            raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
-        batch = self._cache_batch(cache)
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:
-            raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
-        positions = torch.arange(tokens.shape[1])[None, :]
-        if batch == 1:  # prefill_row_bs1 would be prefill_bs1 (not exported)
-            return self.forward("prefill", tokens, positions, cache)
-        return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row)
-
     def _cache_batch(self, cache: list) -> int:
         """The batch size whose cache arrays have the shapes of ``cache``'s."""
         shapes = [list(a.shape) for a in cache] if isinstance(cache, (list, tuple)) and all(hasattr(a, "shape") for a in cache) else None
@@ -268,16 +304,6 @@ class CompiledModel:
         sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
         found = shapes if shapes is not None else type(cache).__name__
         raise InputError(f"the cache matches no exported batch size {sizes} (from new_cache(batch)); found arrays of shapes {found}")
-
-    def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
-        if not (isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor)) or tokens.numel() != positions.numel():
-            raise InputError("decode takes one token and one position per sequence (tokens [B], positions [B])")
-        return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64), cache)
-
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy ids ``[B, max_new_tokens]`` and the logits of every step ``[B, steps, vocab]``."""
-        return generate_greedy(self, tokens, max_new_tokens)
 
 
 def generate_greedy(model, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

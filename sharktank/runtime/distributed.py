@@ -5,17 +5,29 @@ Rank ``r`` runs host ``r``'s program (``DIR/host_{r}``, loaded and checked as
 ``DIR/manifest.json`` and ``DIR/host_{r}/``. Rank 0 owns the prompt, the greedy loop and the
 output. Each step goes down the pipeline and the logits come back to rank 0:
 
-- rank ``r`` sends rank ``r + 1`` a header (``int64 [op, batch, seq]``), the hidden state
-  ``[B, S, D]`` and the positions ``[B, S]``; a prefill header also resets that rank's cache;
-- the last rank sends the logits ``[B, S, vocab]`` to rank 0;
+- rank ``r`` sends rank ``r + 1`` a header (``int64 [op, batch, seq]``: the function, its
+  batch size and the sequence length), for ``prefill_row`` the row (``int64 [1]``), the
+  hidden state ``[rows, S, D]`` and the positions ``[rows, S]``; each rank calls that same
+  function of its own program on its own cache of that batch size (a prefill starts a new
+  one);
+- the last rank sends the logits ``[rows, S, vocab]`` to rank 0;
+- a ping header goes round the ring (the last rank returns it to rank 0): a rank-0 driver
+  with nothing to run pings every :data:`HEARTBEAT_S` (:meth:`DistributedModel.idle`), so
+  an idle server notices a lost rank within about that, and the other ranks, whose every
+  wait is bounded, keep hearing from rank 0;
 - a stop header ends the ranks' loops; each rank then leaves its counters of bytes sent in
   the rendezvous store, where rank 0 reads them (:attr:`DistributedModel.traffic`).
+
+So the other ranks run exactly the calls rank 0 makes, in its order: what rank 0's
+:class:`DistributedModel` is given (``prefill``, ``prefill_row``, ``decode``: the interface
+of :class:`CompiledModel`) travels down the pipeline with the boundary tensors.
 
 Failure: every wait is bounded by ``timeout_s`` (rendezvous, joining, each send and
 receive). A rank that exits or crashes closes its connections, which its peers see at once;
 the rank that sees it raises :class:`DistributedError` naming the rank it lost, leaves that
 message in the store and exits, so the failure travels along the pipeline in well under the
-bound. A rank that hangs, or never joins, is reported when the bound runs out.
+bound. A rank that hangs, or never joins, is reported when the bound runs out. On rank 0 a
+failure is final: every later call raises the same error (a :class:`ModelLost`).
 
 The rendezvous store (rank 0, or torchrun's agent under torchrun) and every gloo connection
 carry unencrypted traffic: run this on a private network only.
@@ -23,12 +35,14 @@ carry unencrypted traffic: run this on a private network only.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import ipaddress
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,16 +51,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from .compiled import ArtifactError, CompiledModel, InputError, _inside, generate_greedy
+from .compiled import ArtifactError, CompiledModel, ModelLost, PrefillDecode, _inside
 
-__all__ = ["DistributedError", "DistributedEnv", "DistributedModel", "HostProgram", "read_hosts_manifest", "DEFAULT_TIMEOUT_S"]
+__all__ = ["DistributedError", "DistributedEnv", "DistributedModel", "HostProgram", "read_hosts_manifest", "DEFAULT_TIMEOUT_S", "HEARTBEAT_S"]
 
 DEFAULT_TIMEOUT_S = 60.0
-STOP, PREFILL, DECODE = 0, 1, 2
-_OPS = {"prefill": PREFILL, "decode": DECODE}
+REPORT_TIMEOUT_S = 2.0  # a failing rank's reads and writes of the others' failure reports
+HEARTBEAT_S = 1.0  # an idle rank-0 driver pings the other ranks this often (at most)
+STOP, PREFILL, DECODE, PREFILL_ROW, PING = 0, 1, 2, 3, 4
+_OPS = {"prefill": PREFILL, "decode": DECODE, "prefill_row": PREFILL_ROW}
+_KINDS = {op: kind for kind, op in _OPS.items()}
 
 
-class DistributedError(RuntimeError):
+class DistributedError(ModelLost):
     """A rank failed, hung or never joined; the message names it."""
 
 
@@ -86,14 +103,18 @@ class HostProgram(CompiledModel):
         inputs = [self.session.place(np.zeros(a["shape"], _wire_dtype(a["dtype"])), a["device"]), self.session.place(np.zeros(p["shape"], np.int64), p["device"])]
         self.session.invoke(name, [*inputs, *self.new_cache(spec["batch_size"])])
 
-    def call(self, kind: str, x: np.ndarray, positions: np.ndarray, cache: list) -> tuple[np.ndarray, list]:
-        """``(hidden or logits, cache)`` of ``kind`` (prefill or decode) on ``x`` (tokens or hidden)."""
-        name, spec = self._function(kind, x.shape[0])
+    def call(self, kind: str, x: np.ndarray, positions: np.ndarray, cache: list, *, batch: int | None = None, row: int | None = None) -> tuple[np.ndarray, list]:
+        """``(hidden or logits, cache)`` of ``{kind}_bs{batch}`` (prefill, decode or prefill_row
+        into ``row``; ``batch``: by default ``x``'s rows) on ``x`` (tokens or hidden)."""
+        name, spec = self._function(kind, x.shape[0] if batch is None else batch)
         a, p = spec["args"][:2]
         t0 = time.perf_counter()
-        out = self.session.invoke(name, [self.session.place(x, a["device"]), self.session.place(positions, p["device"]), *cache])
+        inputs = [self.session.place(x, a["device"]), self.session.place(positions, p["device"])]
+        if row is not None:
+            inputs.append(self.session.place(np.array([row], np.int64), spec["args"][2]["device"]))
+        out = self.session.invoke(name, [*inputs, *cache])
         result = np.array(out[0].to_host())
-        self.timings[kind].append(time.perf_counter() - t0)
+        self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return result, list(out[1:])
 
 
@@ -130,12 +151,14 @@ def _is_loopback(addr: str) -> bool:
         return addr == "localhost"
 
 
-class DistributedModel:
+class DistributedModel(PrefillDecode):
     """This host's share of a multi-host artifact, connected to the other hosts.
 
-    On rank 0: ``prefill``, ``decode`` and ``generate`` as :class:`CompiledModel` has them,
-    then :meth:`close` (which stops the other ranks). On any other rank: :meth:`serve`, which
-    runs its stages for every step rank 0 sends until rank 0 stops it.
+    On rank 0: ``prefill``, ``prefill_row``, ``decode``, ``new_cache``, ``generate`` and
+    ``idle`` as :class:`CompiledModel` has them (the cache is rank 0's; every other rank keeps
+    its own share, one per batch size), then :meth:`close` (which stops the other ranks).
+    Calls may come from any thread, one at a time. On any other rank: :meth:`serve`, which
+    runs its stages for every call rank 0 sends until rank 0 stops it.
 
     ``timeout_s`` bounds every wait (rendezvous, joining, each message). ``bind``: the
     address this rank's gloo connections listen on (default: ``MASTER_ADDR`` on rank 0 or
@@ -164,8 +187,11 @@ class DistributedModel:
         # Hidden states and logits cross in the model's dtype, bfloat16 as its int16 bits.
         self.wire_dtype = torch.int16 if m["model"]["dtype"] == "bfloat16" else getattr(torch, m["model"]["dtype"])
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
-        self.sent = {"prefill": 0, "decode": 0, "steps": {"prefill": 0, "decode": 0}}
+        self.sent = {"prefill": 0, "decode": 0, "prefill_row": 0, "steps": {"prefill": 0, "decode": 0, "prefill_row": 0}}
         self.traffic: dict[int, dict] = {}
+        self._lock = threading.Lock()  # one exchange with the other ranks at a time
+        self._lost: DistributedError | None = None  # rank 0: the failure that ended the pipeline
+        self._last_heard = time.monotonic()
         self._artifact = hashlib.sha256((self.directory / "manifest.json").read_bytes()).hexdigest()
         self._connect(bind)
 
@@ -226,7 +252,18 @@ class DistributedModel:
         else:
             why = f"{who}: {text.splitlines()[0]}"
         msg = f"rank {self.rank}: {what} {why}"
-        reports = []
+        # The reports are best-effort and bounded: the store may live in the rank that hung
+        # (rank 0 without torchrun), where a store call can block past any store timeout.
+        reports: list[str] = []
+        talk = threading.Thread(target=self._exchange_reports, args=(msg, reports), daemon=True)
+        talk.start()
+        talk.join(min(REPORT_TIMEOUT_S, self.timeout_s))
+        if reports:
+            msg += "; " + "; ".join(list(reports))
+        return DistributedError(msg)
+
+    def _exchange_reports(self, msg: str, reports: list[str]) -> None:
+        """Read the other ranks' failure reports into ``reports``, then leave ``msg`` as this one's."""
         for r in range(self.world_size):
             key = self._key(f"failed/{r}")
             try:
@@ -234,19 +271,17 @@ class DistributedModel:
                     reports.append(self.store.get(key).decode())
             except RuntimeError:
                 break  # the store went with rank 0
-        if reports:
-            msg += "; " + "; ".join(reports)
         try:
             self.store.set(self._key(f"failed/{self.rank}"), msg)
         except RuntimeError:
             pass
-        return DistributedError(msg)
 
     def _send(self, t: torch.Tensor, peer: int, kind: str | None = None) -> None:
         try:
             self.pg.send([t.contiguous()], peer, 0).wait()
         except RuntimeError as e:
-            raise self._failed(peer, "sending to", e) from None
+            self._lost = self._failed(peer, "sending to", e)
+            raise self._lost from None
         if kind:
             self.sent[kind] += t.numel() * t.element_size()
 
@@ -255,54 +290,79 @@ class DistributedModel:
         try:
             self.pg.recv([t], peer, 0).wait()
         except RuntimeError as e:
-            raise self._failed(peer, "waiting for", e) from None
+            self._lost = self._failed(peer, "waiting for", e)
+            raise self._lost from None
         return t
 
-    def _forward(self, kind: str, x: np.ndarray, positions: np.ndarray) -> None:
-        """Send one step's boundary tensors to the next rank."""
-        b, s = positions.shape
+    def _header(self, op: int, batch: int = 0, seq: int = 0) -> torch.Tensor:
+        return torch.tensor([op, batch, seq], dtype=torch.int64)
+
+    def _forward(self, kind: str, x: np.ndarray, positions: np.ndarray, batch: int, row: int | None) -> None:
+        """Send one call's header and boundary tensors to the next rank."""
         nxt = self.rank + 1
-        self._send(torch.tensor([_OPS[kind], b, s], dtype=torch.int64), nxt, kind)
+        self._send(self._header(_OPS[kind], batch, positions.shape[1]), nxt, kind)
+        if row is not None:
+            self._send(torch.tensor([row], dtype=torch.int64), nxt, kind)
         self._send(torch.from_numpy(x), nxt, kind)
         self._send(torch.from_numpy(positions), nxt, kind)
 
     # --- rank 0 --------------------------------------------------------------------------------
-    def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> tuple[torch.Tensor, list]:
+    @contextlib.contextmanager
+    def _exchange(self):
+        """Hold the pipeline for one exchange with the other ranks (raises the failure that ended them)."""
         if self.rank != 0:
             raise DistributedError(f"rank {self.rank}: only rank 0 takes prompts; the other ranks run serve()")
-        name, spec = self.program._function(kind, tokens.shape[0])
+        with self._lock:
+            if self._lost is not None:
+                raise self._lost
+            yield
+
+    @property
+    def functions(self) -> dict[str, dict]:
+        return self.program.manifest["functions"]  # every host exports the same names, batches, cache length
+
+    def new_cache(self, batch: int) -> list:
+        return self.program.new_cache(batch)
+
+    def _cache_batch(self, cache: list) -> int:
+        return self.program._cache_batch(cache)
+
+    def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *, batch: int | None = None, row: int | None = None) -> tuple[torch.Tensor, list]:
+        """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`)."""
+        batch = tokens.shape[0] if batch is None else batch
+        name, spec = self.program._function(kind, batch)
         self.program._check_inputs(name, tokens, positions, cache, spec)
-        t0 = time.perf_counter()
-        hidden, cache = self.program.call(kind, tokens.numpy(), positions.numpy(), cache)
-        self._forward(kind, hidden, positions.numpy())
-        self.sent["steps"][kind] += 1
-        logits = self._recv((*tokens.shape, self.vocab_size), self.wire_dtype, self.world_size - 1)
+        with self._exchange():
+            t0 = time.perf_counter()
+            hidden, cache = self.program.call(kind, tokens.numpy(), positions.numpy(), cache, batch=batch, row=row)
+            self._forward(kind, hidden, positions.numpy(), batch, row)
+            self.sent["steps"][kind] += 1
+            logits = self._recv((*tokens.shape, self.vocab_size), self.wire_dtype, self.world_size - 1)
+            self._last_heard = time.monotonic()
         if self.manifest["model"]["dtype"] == "bfloat16":
             logits = logits.view(torch.bfloat16)
-        self.timings[kind].append(time.perf_counter() - t0)
+        self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, cache
 
-    def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
-        """``(logits [B, S, vocab], cache)`` for a prompt from position 0 (every rank starts a new cache)."""
-        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.ndim != 2 or tokens.numel() == 0:
-            raise InputError("tokens must be int64 [B, S] with B, S >= 1")
-        cache = cache if cache is not None else self.program.new_cache(tokens.shape[0])
-        positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
-        return self.forward("prefill", tokens, positions, cache)
-
-    def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
-        return self.forward("decode", tokens.reshape(-1, 1), positions.reshape(-1, 1).to(torch.int64).contiguous(), cache)
-
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy ids ``[B, max_new_tokens]`` and the logits of every step (rank 0 only)."""
-        return generate_greedy(self, tokens, max_new_tokens)
+    def idle(self) -> None:
+        """Nothing to run: ping the other ranks unless this rank heard from them within
+        :data:`HEARTBEAT_S` (a quarter of the timeout if that is shorter); raises the
+        :class:`DistributedError` of a lost rank."""
+        with self._exchange():
+            if time.monotonic() - self._last_heard < min(HEARTBEAT_S, self.timeout_s / 4):
+                return
+            self._send(self._header(PING), 1)
+            self._recv((3,), torch.int64, self.world_size - 1)
+            self._last_heard = time.monotonic()
 
     def close(self) -> None:
-        """Rank 0: stop the other ranks and collect their byte counters into :attr:`traffic`."""
-        if self.rank != 0:
+        """Rank 0: stop the other ranks and collect their byte counters into :attr:`traffic`
+        (nothing to stop once a rank was lost: the others have gone or are going)."""
+        if self.rank != 0 or self._lost is not None:
             return
-        self._send(torch.tensor([STOP, 0, 0], dtype=torch.int64), 1)
+        with self._lock:
+            self._lost = DistributedError("rank 0: the model was closed")  # no call after this one
+            self._send(self._header(STOP), 1)
         self.traffic = {0: self.sent}
         for r in range(1, self.world_size):
             key = self._key(f"done/{r}")
@@ -314,27 +374,32 @@ class DistributedModel:
 
     # --- ranks 1 .. N-1 ----------------------------------------------------------------------------
     def serve(self) -> None:
-        """Run this rank's stages for every step rank 0 sends, until it sends stop."""
+        """Run this rank's stages for every call rank 0 sends, until it sends stop."""
         if self.rank == 0:
             raise DistributedError("rank 0 drives the pipeline (generate); serve() runs on the other ranks")
         prev, last = self.rank - 1, self.rank == self.world_size - 1
         hidden_size = self.manifest["boundary"]["hidden_size"]
-        cache = None
+        caches: dict[int, list] = {}  # batch size -> this rank's share of rank 0's cache
         while True:
             op, b, s = self._recv((3,), torch.int64, prev).tolist()
+            if op == PING:
+                self._send(self._header(PING), 0 if last else self.rank + 1)
+                continue
             if op == STOP:
                 if not last:
-                    self._send(torch.tensor([STOP, 0, 0], dtype=torch.int64), self.rank + 1)
+                    self._send(self._header(STOP), self.rank + 1)
                 self.store.set(self._key(f"done/{self.rank}"), json.dumps(self.sent))
                 return
-            kind = "prefill" if op == PREFILL else "decode"
-            x = self._recv((b, s, hidden_size), self.wire_dtype, prev).numpy()
-            positions = self._recv((b, s), torch.int64, prev).numpy()
-            if op == PREFILL or cache is None:
-                cache = self.program.new_cache(b)
-            out, cache = self.program.call(kind, x, positions, cache)
+            kind = _KINDS[op]
+            row = int(self._recv((1,), torch.int64, prev)) if op == PREFILL_ROW else None
+            rows = 1 if op == PREFILL_ROW else b
+            x = self._recv((rows, s, hidden_size), self.wire_dtype, prev).numpy()
+            positions = self._recv((rows, s), torch.int64, prev).numpy()
+            if op == PREFILL or b not in caches:
+                caches[b] = self.program.new_cache(b)
+            out, caches[b] = self.program.call(kind, x, positions, caches[b], batch=b, row=row)
             self.sent["steps"][kind] += 1
             if last:
                 self._send(torch.from_numpy(out), 0, kind)
             else:
-                self._forward(kind, out, positions)
+                self._forward(kind, out, positions, b, row)

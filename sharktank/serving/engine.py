@@ -16,6 +16,13 @@ overwrites entries ``0..S-1``, and each later step writes entry ``p`` before rea
 ``p``, so every entry it can see is its own; what a previous or dummy occupant left at
 ``p' > p`` is masked out, and every row's computation (norms, products, attention) stays
 within the row.
+
+The model is anything with :class:`~sharktank.runtime.compiled.PrefillDecode`'s interface:
+a :class:`CompiledModel`, or rank 0's ``DistributedModel`` of a multi-host artifact, which
+sends each call down the pipeline of hosts. When the loop has nothing to run it calls
+``model.idle()`` (which keeps such a pipeline's connections alive). A :class:`ModelLost`
+from any call ends the engine: every request fails with that error, later submits raise,
+and :attr:`Engine.failure` says why (the server then stops).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime.compiled import CompiledModel, InputError
+from ..runtime.compiled import InputError, ModelLost, PrefillDecode
 from ..text.sampling import Sampler, SamplingParams
 
 __all__ = ["QueueFull", "Event", "Request", "Engine"]
@@ -93,8 +100,8 @@ class _Row:
 class Engine:
     """Continuous batching of :class:`Request` s over ``batch_size`` cache rows of ``model``."""
 
-    def __init__(self, model: CompiledModel, *, batch_size: int | None = None, max_queue: int = 64):
-        functions = model.manifest["functions"]
+    def __init__(self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64):
+        functions = model.functions
         sizes = sorted(b for b in {f["batch_size"] for f in functions.values()} if f"decode_bs{b}" in functions and (b == 1 or f"prefill_row_bs{b}" in functions))
         if not sizes:
             raise InputError(f"{model.directory}: no batch size with decode and prefill_row functions; found functions {sorted(functions)}")
@@ -117,6 +124,7 @@ class Engine:
         self._stopped = False
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # set when a ModelLost ended the engine
 
     # --- control ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -162,7 +170,7 @@ class Engine:
             )
         with self._lock:
             if self._stopped:
-                raise RuntimeError("the engine is stopped")
+                raise RuntimeError(f"the engine stopped: {self.failure}" if self.failure else "the engine is stopped")
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"{len(self._queue)} requests are waiting (max_queue {self.max_queue})")
             request = Request(next(self._ids), list(prompt), params, on_event, self._wake)
@@ -172,6 +180,7 @@ class Engine:
 
     # --- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
+        why = "the engine stopped before this request finished"
         try:
             while not self._stopping.is_set():
                 self._retire_cancelled()
@@ -180,12 +189,15 @@ class Engine:
                 if any(self._rows):
                     self._step()
                 else:
+                    self.model.idle()
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
+        except ModelLost as e:  # the model takes no more calls: every request ends with why
+            why = self.failure = f"the model was lost: {e}"
         finally:  # stopped, or a bug ended the loop: no request may wait for it
             with self._lock:
                 self._stopped = True
-            self._fail_all("the engine stopped before this request finished")
+            self._fail_all(why)
 
     def _retire_cancelled(self) -> None:
         for r, row in enumerate(self._rows):
@@ -214,6 +226,10 @@ class Engine:
                 logits, self._cache = self.model.prefill_row(torch.tensor([request.prompt]), r, self._cache)
                 sampler = Sampler(request.params)
                 token = sampler.next_token(logits[0, -1])
+            except ModelLost:
+                with self._lock:
+                    self._queue.appendleft(request)  # failed with the others by the loop
+                raise
             except Exception as e:  # this request fails; the others' rows were not written
                 self._deliver(request, Event(None, "error", f"prefill failed: {type(e).__name__}: {e}"))
                 continue
@@ -227,6 +243,8 @@ class Engine:
         positions = torch.tensor([row.position if row else 0 for row in self._rows], dtype=torch.int64)
         try:
             logits, self._cache = self.model.decode(tokens, self._cache, positions)
+        except ModelLost:
+            raise
         except Exception as e:  # every busy row took part: they all fail
             for r in busy:
                 self._finish(r, Event(None, "error", f"decode failed: {type(e).__name__}: {e}"))

@@ -9,7 +9,10 @@ A client that goes away (mid-stream or while waiting for a whole answer) cancels
 
 Errors are OpenAI error objects: 400 ``invalid_request_error`` for bad input (FastAPI's 422
 validation errors included), 404 for an unknown model, 429 when the engine's queue is full,
-503 while the model loads, 500 when the engine reports an error.
+503 while the model loads, 500 when the engine reports an error. Once the engine has ended
+for good (its model was lost: a host of a multi-host artifact failed), the requests it held
+get 500 with that error, new ones and ``/health`` 503 with it (:attr:`ServerState.failure`:
+``sharktank serve`` then stops the server).
 """
 
 from __future__ import annotations
@@ -84,7 +87,14 @@ class ServerState:
             if self.ready.is_set():
                 self.engine.stop()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine ended for good (its model was lost), or None."""
+        return self.engine.failure if self.ready.is_set() else None
+
     def status(self) -> tuple[int, dict[str, Any]]:
+        if self.failure:
+            return 503, {"status": "failed", "error": self.failure}
         if self.ready.is_set():
             return 200, {"status": "ok", "model": self.model_name, "running": self.running}
         if self.error:
@@ -95,6 +105,8 @@ class ServerState:
         if not self.ready.is_set():
             message = f"the model failed to load: {self.error}" if self.error else "the model is still loading; retry when /health answers 200"
             raise ApiError(503, message, type="server_error", code="model_not_ready")
+        if self.failure:
+            raise ApiError(503, f"the server cannot serve: {self.failure}", type="server_error", code="model_lost")
         if model != self.model_name:
             raise ApiError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}", param="model", code="model_not_found")
 
@@ -186,6 +198,10 @@ def _submit(state: ServerState, prompt: list[int], params: SamplingParams, on_ev
     engine = state.engine
     try:
         return engine.submit(prompt, params, on_event)
+    except RuntimeError:  # the engine ended between require_ready and here
+        if state.failure is None:
+            raise
+        raise ApiError(503, f"the server cannot serve: {state.failure}", type="server_error", code="model_lost") from None
     except QueueFull as e:
         raise ApiError(429, f"the server is at capacity ({e or 'request queue full'}); retry later", type="rate_limit_error", code="queue_full") from None
     except InputError as e:

@@ -56,11 +56,12 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def build_once(root: Path, name: str, build: Callable[[Path], None]) -> Path:
-    """``root/name`` built by ``build`` exactly once across processes (a file lock serializes)."""
+def build_once(root: Path, name: str, build: Callable[[Path], None], marker: str = "manifest.json") -> Path:
+    """``root/name`` built by ``build`` exactly once across processes (a file lock serializes);
+    built means ``root/name/marker`` exists (``build`` writes it last)."""
     out = root / name
     with _locked(root / f".{name}.lock"):
-        if not (out / "manifest.json").exists():
+        if not (out / marker).exists():
             build(out)
     return out
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime.hosts_artifacts import hosts_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = ["--tokens", "1,2,3,4,5", "--max-new-tokens", "8"]
@@ -46,25 +47,13 @@ def _finish(procs: list[subprocess.Popen], timeout: float = LIMIT_S) -> list[tup
     return out
 
 
-def _export(*args) -> subprocess.Popen:
-    return subprocess.Popen(_cli("export", "--model", "toy-llama", "--max-seq-len", "32", *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """The same model exported three ways, built side by side: one host tp2×pp2, tp2×pp2 over
-    2 hosts, pp4 over 4 hosts."""
-    base = tmp_path_factory.mktemp("hosts")
-    dirs = {"single": base / "single", "tp2pp2x2": base / "tp2pp2x2", "pp4x4": base / "pp4x4"}
-    procs = [
-        _export("--tp", "2", "--pp", "2", "--output-dir", dirs["single"]),
-        _export("--tp", "2", "--pp", "2", "--hosts", "2", "--output-dir", dirs["tp2pp2x2"]),
-        _export("--pp", "4", "--hosts", "4", "--output-dir", dirs["pp4x4"]),
-    ]
-    for (rc, _, err, _), name in zip(_finish(procs, 300), dirs):
-        assert rc == 0, f"export {name} failed:\n{err[-3000:]}"
-    dirs["want"] = _single_host(dirs["single"], base / "single.npy")  # the reference run, once
-    dirs["want_logits"] = np.load(base / "single.npy")
+    """The same model exported three ways (see hosts_artifacts) and the one-host reference run."""
+    dirs = dict(hosts_artifacts(tmp_path_factory))
+    logits = tmp_path_factory.mktemp("reference") / "single.npy"
+    dirs["want"] = _single_host(dirs["single"], logits)  # the reference run, once
+    dirs["want_logits"] = np.load(logits)
     return dirs
 
 
@@ -119,6 +108,21 @@ def test_tp2pp2_over_two_hosts_with_torchrun_matches_the_single_host_artifact(ar
     assert got["bytes_per_decode_token"] == {"0": 24 + 64 * 4 + 8, "1": 256 * 4}
 
 
+def test_run_prompt_over_two_hosts_prints_the_single_host_text(artifacts):
+    text = ["--prompt", "Hello there", "--max-new-tokens", "6", "--json"]
+    p = subprocess.run(_cli("run", artifacts["single"], *text), cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = json.loads(p.stdout)
+    port = _free_port()
+    procs = [_start(_cli("run", artifacts["tp2pp2x2"], *text, "--timeout", "30"), _rank_env(r, 2, port)) for r in (0, 1)]
+    (rc0, out0, err0, _), (rc1, out1, err1, _) = _finish(procs)
+    assert (rc0, rc1) == (0, 0), (err0[-2000:], err1[-2000:])
+    got = json.loads(out0)
+    assert got["hosts"] == 2 and len(got["ids"]) == 6
+    assert (got["prompt_ids"], got["ids"], got["text"]) == (want["prompt_ids"], want["ids"], want["text"])
+    assert out1 == ""  # rank 1 holds no tokenizer and prints nothing
+
+
 def test_pp4_over_four_hosts_each_reading_only_its_own_files(artifacts, tmp_path):
     want = artifacts["want"]
     port = _free_port()
@@ -141,10 +145,10 @@ def test_pp4_over_four_hosts_each_reading_only_its_own_files(artifacts, tmp_path
 _CRASH_ON_THIRD_CALL = (
     "import os, signal, sys; from sharktank.runtime.distributed import HostProgram; from sharktank.cli import main; "
     "call = HostProgram.call; n = [0]\n"
-    "def crash(self, *a):\n"
+    "def crash(self, *a, **k):\n"
     "    n[0] += 1\n"
     "    if n[0] == 3: os.kill(os.getpid(), signal.SIGKILL)\n"
-    "    return call(self, *a)\n"
+    "    return call(self, *a, **k)\n"
     "HostProgram.call = crash; sys.exit(main(sys.argv[1:]))"
 )
 

@@ -13,7 +13,7 @@ import torch
 from sharktank.export.artifact import export_artifact
 from sharktank.models import load_model
 from sharktank.runtime import CompiledModel
-from sharktank.runtime.compiled import InputError
+from sharktank.runtime.compiled import InputError, ModelLost
 from sharktank.serving.engine import Engine, Event, QueueFull
 from sharktank.text.sampling import SamplingParams
 
@@ -309,3 +309,37 @@ def test_a_raising_callback_ends_only_its_request(compiled, engines):
     engine.submit(PROMPTS[1], SamplingParams(max_tokens=10), good)
     assert good.wait().ids == want
     assert bad.wait().events[-1] == Event(None, "error", "on_event raised ValueError: client went away") and len(bad.ids) == 2
+
+
+def test_a_lost_model_ends_the_engine_and_every_request(compiled, engines):
+    def lose(n):
+        if n == 3:
+            raise ModelLost("rank 1 closed its connection")
+
+    engine = engines(model=Hooked(compiled, "decode", lose), batch_size=4, max_queue=8)
+    running = [Collect() for _ in range(2)]
+    for i, c in enumerate(running):
+        engine.submit(PROMPTS[i], SamplingParams(max_tokens=8), c)
+    for c in running:  # the third decode step lost the model: both rows fail with its words
+        assert c.wait().events[-1] == Event(None, "error", "the model was lost: rank 1 closed its connection")
+    deadline = time.monotonic() + WAIT_S
+    while engine.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.running and engine.failure == "the model was lost: rank 1 closed its connection"
+    with pytest.raises(RuntimeError, match="the engine stopped: the model was lost: rank 1"):
+        engine.submit([1, 2], SamplingParams(max_tokens=2), Collect())
+
+
+def test_an_idle_engine_calls_idle_and_ends_when_it_loses_the_model(compiled, engines):
+    calls = []
+
+    def lose(n):
+        calls.append(time.monotonic())
+        if n == 5:
+            raise ModelLost("no pong")
+
+    engine = engines(model=Hooked(compiled, "idle", lose), batch_size=4)
+    deadline = time.monotonic() + WAIT_S
+    while engine.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) == 5 and engine.failure == "the model was lost: no pong"
