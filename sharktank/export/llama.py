@@ -328,18 +328,27 @@ def export_llama(
         paths, rows = list(cache.paths), list(cache.rows)
 
         def forward(module, tokens, positions, *cache_leaves):
+            return forward_masked(module, tokens, positions, None, cache_leaves)
+
+        def forward_rows(module, tokens, positions, lengths, *cache_leaves):
+            return forward_masked(module, tokens, positions, lengths, cache_leaves)
+
+        def forward_masked(module, tokens, positions, lengths, cache_leaves):
+            """prefill or decode; with ``lengths``, prefill_rows (a row's tokens past its length are padding)."""
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             stages = module.stages()
             logits, new_entries = [], []
-            inputs = {first_device: (tokens, positions)}  # device -> the whole inputs there
+            # Padding: a row's tokens from its length on (their cache writes are dropped).
+            padding = () if lengths is None else (torch.arange(tokens.shape[1])[None, :] >= lengths[:, None],)
+            inputs = {first_device: (tokens, positions, *padding)}  # device -> the whole inputs there
             for m, (path, (start, n)) in enumerate(zip(paths, rows)):
                 # Each path takes its rows on its own first device. The whole inputs move
                 # there before the slicing: IREE 3.10 cannot partition a transfer of a slice.
                 origin = model.input_device(path)
                 if origin not in inputs:
-                    inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
-                tok, pos = inputs[origin]
-                out, e = model.forward_path(tok[start : start + n], pos[start : start + n], entries[m], path, stages)
+                    inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in inputs[first_device])
+                tok, pos, *pad = (a[start : start + n] for a in inputs[origin])
+                out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad[0] if pad else None)
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)
@@ -356,27 +365,30 @@ def export_llama(
             return (out, *pytree.tree_leaves(new_entries))
 
         cache_args = cache_arg_specs(leaves, cache_devices)
-        # prefill_row_bs1 would be prefill_bs1: exported only for batches of several rows.
-        for kind, seq in (("prefill", 8), ("decode", 1)) + ((("prefill_row", 8),) if b > 1 else ()):
+        # kind -> (rows of tokens, example length, index arguments, traced function);
+        # prefill_row(s)_bs1 would be prefill_bs1: exported only for batches of several rows.
+        kinds = {"prefill": (b, 8, (), forward), "decode": (b, 1, (), forward)}
+        if b > 1:
+            kinds["prefill_row"] = (1, 8, (("row", [1]),), forward_row)
+            kinds["prefill_rows"] = (b, 8, (("lengths", [b]),), forward_rows)
+        for kind, (rows_in, seq, extra, fn) in kinds.items():
             name = f"{kind}_bs{b}"
-            rows_in = 1 if kind == "prefill_row" else b
             tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
             positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
-            named = [("tokens", tokens), ("positions", positions)] + ([("row", torch.zeros(1, dtype=torch.int64))] if kind == "prefill_row" else [])
-            args = (*(a for _, a in named), *leaves)
+            named = [("tokens", tokens, [rows_in, 1 if kind == "decode" else "S"]), ("positions", positions, [rows_in, 1 if kind == "decode" else "S"])]
+            named += [(n, torch.zeros(shape, dtype=torch.int64), shape) for n, shape in extra]
+            args = (*(a for _, a, _ in named), *leaves)
             dynamic = None
             if kind != "decode":
                 s = torch.export.Dim("seq_len", min=2, max=t)
-                dynamic = ({1: s}, {1: s}, *([None] if kind == "prefill_row" else []), tuple([None] * len(leaves)))
+                dynamic = ({1: s}, {1: s}, *([None] * len(extra)), tuple([None] * len(leaves)))
             devices = [first_device] * len(named) + cache_devices
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
-            fn = forward_row if kind == "prefill_row" else forward
             trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls)
             length = 1 if kind == "decode" else "S"
             specs[name] = {
                 "batch_size": b,
-                "args": [{"name": n, "shape": [rows_in, length] if n != "row" else [1], "dtype": "int64", "device": first_device} for n, _ in named]
-                + cache_args,
+                "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, _, shape in named] + cache_args,
                 "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": logits_dtype}]
                 + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},

@@ -27,11 +27,33 @@ def causal_mask(positions, length: int):
     return ops.elementwise(_causal_mask, positions, length=length)
 
 
-def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, mask=None):
+def _keep_padding(padding: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    return torch.where(padding, old, new)
+
+
+def _flat_entries(positions: torch.Tensor, *, length: int) -> torch.Tensor:
+    """``[B * S]``: the index of each token's cache entry in the cache viewed as ``[B * T, ...]``."""
+    return (torch.arange(positions.shape[0])[:, None] * length + positions).reshape(-1)
+
+
+def _entries_at(cache, positions, b: int, s: int):
+    """``cache[rows, positions]`` (``[B, S, kv, hd]``) as one ``index_select`` of the flattened
+    cache (IREE 3.10 does not lower indexing by two tensors)."""
+    t = cache.shape[1]
+    flat = ops.reshape(cache, [b * t, *cache.shape[2:]])
+    return ops.reshape(ops.index_select(flat, 0, ops.elementwise(_flat_entries, positions, length=t)), [b, s, *cache.shape[2:]])
+
+
+def attention(
+    x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, mask=None, padding=None
+):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
     optional ``q_bias``...). ``mask``: :func:`causal_mask` of ``positions`` over the cache
     length, when the caller already has it (blocks that share positions share it); computed
-    here otherwise. Returns ``(output, (k_cache, v_cache))``."""
+    here otherwise. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
+    and values are not kept: the cache entries they would write keep their contents (the
+    old entries are read into the written values, so the write depends on the read).
+    Returns ``(output, (k_cache, v_cache))``."""
     b, s = positions.shape
     x = ops.reshape(x, [b * s, x.shape[-1]])  # one 2-D input for the three products
     q = ops.reshape(ops.linear(x, w["q"], w.get("q_bias")), [b, s, num_heads, head_dim])
@@ -40,6 +62,9 @@ def attention(x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int,
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     rows = torch.arange(b)[:, None].expand(b, s)
+    if padding is not None:
+        pad = ops.reshape(padding, [b, s, 1, 1])  # broadcasts over the (maybe split) heads
+        k, v = (ops.elementwise(_keep_padding, pad, _entries_at(c, positions, b, s), z) for c, z in zip(cache, (k, v)))
     k_cache = ops.index_put(cache[0], [rows, positions], k)
     v_cache = ops.index_put(cache[1], [rows, positions], v)
 

@@ -18,7 +18,7 @@ import json
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -98,9 +98,9 @@ def _check_file(directory: Path, name: str, sha: str | None, manifest: Path, ver
 
 
 class PrefillDecode:
-    """``prefill``, ``prefill_row``, ``decode`` and ``generate``: what ``run`` and the serving
-    engine call, written once on a subclass's ``forward(kind, tokens, positions, cache, *,
-    batch, row)``, ``new_cache(batch)`` and ``_cache_batch(cache)``. :class:`CompiledModel`
+    """``prefill``, ``prefill_row``, ``prefill_rows``, ``decode`` and ``generate``: what ``run``
+    and the serving engine call, written once on a subclass's ``forward(kind, tokens,
+    positions, cache, *, batch, row, lengths)``, ``new_cache(batch)`` and ``_cache_batch(cache)``. :class:`CompiledModel`
     runs them on its devices, ``distributed.DistributedModel`` down a pipeline of hosts.
 
     ``functions``: the exported functions' specs (names ``{kind}_bs{B}``, batch sizes, cache
@@ -138,6 +138,40 @@ class PrefillDecode:
         if batch == 1:  # prefill_row_bs1 would be prefill_bs1 (not exported)
             return self.forward("prefill", tokens, positions, cache)
         return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row)
+
+    def prefill_rows(self, prompts: Sequence[Sequence[int]], rows: Sequence[int], cache: list) -> tuple[list[torch.Tensor], list]:
+        """``(logits, cache)``: each prompt ``prompts[i]`` (token ids) prefilled from position 0
+        into batch row ``rows[i]`` of ``cache`` in one call; ``logits[i]`` is prompt ``i``'s
+        ``[len(prompts[i]), vocab]``. Rows not named keep their caches bit for bit, and a
+        row's cache past its own prompt is not written (what padding computed is dropped).
+
+        Several prompts: one ``prefill_rows_bs{B}`` call, every prompt right-padded to the
+        longest (rows not named run padding of length 0, so one call costs a batch-``B``
+        prefill of that length). One prompt: ``prefill_row_bs{B}``, which computes one row
+        only (``prefill_bs1`` for ``B = 1``). An artifact exported before ``prefill_rows``
+        existed gets one ``prefill_row`` call per prompt."""
+        batch = self._cache_batch(cache)
+        if not isinstance(prompts, (list, tuple)) or not isinstance(rows, (list, tuple)) or len(prompts) != len(rows) or not prompts:
+            raise InputError(f"prefill_rows takes as many rows as prompts (at least one), found {_count(prompts)} prompts and {_count(rows)} rows")
+        if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < batch for r in rows) or len(set(rows)) != len(rows):
+            raise InputError(f"rows must be distinct integers in [0, {batch}) for a batch-{batch} cache, found {list(rows)!r}")
+        if any(not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
+            raise InputError("each prompt must be a non-empty list of integer token ids")
+        if len(prompts) == 1 or f"prefill_rows_bs{batch}" not in self.functions:
+            logits = []
+            for prompt, row in zip(prompts, rows):
+                out, cache = self.prefill_row(torch.tensor([list(prompt)], dtype=torch.int64), row, cache)
+                logits.append(out[0])
+            return logits, cache
+        s = max(2, *(len(p) for p in prompts))  # the exported length is at least 2; padding is dropped
+        tokens = torch.zeros(batch, s, dtype=torch.int64)
+        lengths = [0] * batch
+        for prompt, row in zip(prompts, rows):
+            tokens[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.int64)
+            lengths[row] = len(prompt)
+        positions = torch.arange(s)[None, :].expand(batch, -1).contiguous()
+        out, cache = self.forward("prefill_rows", tokens, positions, cache, lengths=lengths)
+        return [out[row, : len(prompt)] for prompt, row in zip(prompts, rows)], cache
 
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
@@ -273,18 +307,28 @@ class CompiledModel(PrefillDecode):
             raise InputError(f"{name} takes a cache of {count} arrays (from new_cache or the previous call), found {found}")
 
     def forward(
-        self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *, batch: int | None = None, row: int | None = None
+        self,
+        kind: str,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: list,
+        *,
+        batch: int | None = None,
+        row: int | None = None,
+        lengths: list[int] | None = None,
     ) -> tuple[torch.Tensor, list]:
         """One call of ``{kind}_bs{batch}`` (``batch``: by default the tokens' rows; ``row``:
-        the batch row a ``prefill_row`` function writes)."""
+        the batch row a ``prefill_row`` function writes; ``lengths``: each row's real tokens,
+        for ``prefill_rows``)."""
         _check_tokens(tokens)
         name, spec = self._function(kind, tokens.shape[0] if batch is None else batch)
         self._check_inputs(name, tokens, positions, cache, spec)
         devices = [a["device"] for a in spec["args"]]
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
-        if row is not None:
-            inputs.append(self.session.place(np.array([row], np.int64), devices[2]))
+        for extra in ([row] if row is not None else None, lengths):
+            if extra is not None:
+                inputs.append(self.session.place(np.array(extra, np.int64), devices[len(inputs)]))
         out = self.session.invoke(name, [*inputs, *cache])
         logits = self._to_torch(out[0])
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
@@ -327,6 +371,10 @@ def generate_greedy(model, tokens: torch.Tensor, max_new_tokens: int) -> tuple[t
     if not ids:
         return torch.empty(b, 0, dtype=torch.int64), logits[:, :0]
     return torch.stack(ids, 1), torch.stack(steps, 1)
+
+
+def _count(x) -> str:
+    return str(len(x)) if isinstance(x, (list, tuple)) else type(x).__name__
 
 
 def _check_tokens(tokens: torch.Tensor) -> None:

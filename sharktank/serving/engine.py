@@ -2,11 +2,19 @@
 rows between decode steps.
 
 One background thread owns the model and its batch-``B`` KV cache. Between steps it admits
-waiting requests into free rows (``CompiledModel.prefill_row``: the prompt's keys and values
-go into that row only, while the other rows keep generating), then runs one ``decode_bs{B}``
-step for every row, each at its own position, samples each busy row's next token with the
-request's own :class:`~sharktank.text.sampling.Sampler`, delivers the events and frees the
-rows of finished or cancelled requests.
+waiting requests into free rows, then runs one ``decode_bs{B}`` step for every row, each at
+its own position, samples each busy row's next token with the request's own
+:class:`~sharktank.text.sampling.Sampler`, delivers the events and frees the rows of
+finished or cancelled requests.
+
+Admission policy: at most one prefill call between two decode steps, and it takes every
+waiting request that has a free row (first come, first served) together
+(``CompiledModel.prefill_rows``: each prompt's keys and values go into its own row only,
+the rows already generating keep their caches). So requests that arrive together wait for
+one prefill, not for each other's, and a row already decoding waits at most one prefill
+call per token: that of a batch-``B`` prefill of the longest prompt admitted (a single
+admitted request runs ``prefill_row``, one row's work). Requests that find no free row
+wait in the queue, in order, for the next step that frees one.
 
 Free rows decode a dummy token at position 0. That write can never reach a later occupant
 of the row, because of the causal mask (``layers.attention.causal_mask``): a query at
@@ -211,26 +219,36 @@ class Engine:
             self._deliver(q, Event(None, "cancelled"))
 
     def _admit(self) -> None:
-        """Prefill waiting requests into free rows (first come, first served)."""
-        for r in range(self.batch_size):
-            if self._rows[r] is not None:
-                continue
-            with self._lock:
-                if not self._queue:
-                    return
-                request = self._queue.popleft()
+        """Prefill the waiting requests that have free rows, first come first served, in one call."""
+        free = [r for r, row in enumerate(self._rows) if row is None]
+        taken: list[Request] = []
+        with self._lock:
+            while self._queue and len(taken) < len(free):
+                taken.append(self._queue.popleft())
+        admitted = []
+        for request in taken:
             if request.cancelled:
                 self._deliver(request, Event(None, "cancelled"))
-                continue
+            else:
+                admitted.append(request)
+        if not admitted:
+            return
+        rows = free[: len(admitted)]
+        try:
+            logits, self._cache = self.model.prefill_rows([q.prompt for q in admitted], rows, self._cache)
+        except ModelLost:
+            with self._lock:
+                self._queue.extendleft(reversed(admitted))  # failed with the others by the loop
+            raise
+        except Exception as e:  # these requests fail; the rows they were given stay free
+            for request in admitted:
+                self._deliver(request, Event(None, "error", f"prefill failed: {type(e).__name__}: {e}"))
+            return
+        for request, r, out in zip(admitted, rows, logits):
             try:
-                logits, self._cache = self.model.prefill_row(torch.tensor([request.prompt]), r, self._cache)
                 sampler = Sampler(request.params)
-                token = sampler.next_token(logits[0, -1])
-            except ModelLost:
-                with self._lock:
-                    self._queue.appendleft(request)  # failed with the others by the loop
-                raise
-            except Exception as e:  # this request fails; the others' rows were not written
+                token = sampler.next_token(out[-1])
+            except Exception as e:  # this request fails; its row stays free
                 self._deliver(request, Event(None, "error", f"prefill failed: {type(e).__name__}: {e}"))
                 continue
             self._rows[r] = _Row(request, sampler, position=request.prompt_tokens, last=token)

@@ -52,6 +52,8 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
     want_transfers = {f"prefill_bs{batch}": transfers, f"decode_bs{batch}": transfers}
     if batch > 1:  # prefill_row also sends the row index from device 0 to the 7 others
         want_transfers[f"prefill_row_bs{batch}"] = transfers + 7
+        # prefill_rows: the padding mask goes where the positions go (the 7 other devices)
+        want_transfers[f"prefill_rows_bs{batch}"] = transfers + 7
     assert manifest["transfers"] == want_transfers
     compiled = CompiledModel(out)
     tokens = torch.tensor([[3, 14, 15, 9, 2, 6], [5, 35, 8, 9, 7, 9]])[:batch]

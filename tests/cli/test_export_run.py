@@ -177,8 +177,9 @@ def test_dualpipev_recipe_exports_path_transfers(tmp_path):
     # Batch 2 = one microbatch per V path; each V (0->1->1->0, 2->3->3->2) crosses 2 device
     # boundaries. Inputs arrive on device 0: positions go to 1 (first V); tokens to 2 and
     # positions to 2 and 3 (second V). prefill_row_bs2 (one prompt, run along both Vs: the
-    # row is a runtime value) moves the same and the row index from device 0 to 1, 2 and 3.
-    assert summary["transfers"] == {"prefill_bs2": 4 + 1 + 3, "decode_bs2": 4 + 1 + 3, "prefill_row_bs2": 4 + 1 + 3 + 3}
+    # row is a runtime value) moves the same and the row index from device 0 to 1, 2 and 3;
+    # prefill_rows_bs2 moves prefill_bs2's and the padding mask where the positions go (1, 2, 3).
+    assert summary["transfers"] == {"prefill_bs2": 4 + 1 + 3, "decode_bs2": 4 + 1 + 3, "prefill_row_bs2": 4 + 1 + 3 + 3, "prefill_rows_bs2": 4 + 1 + 3 + 3}
     mlir = (d / "model.mlir").read_text()
     hops = sorted(set(re.findall(r"flow\.tensor\.transfer .* to #hal\.device\.promise<@__device_(\d)>", mlir)))
     assert hops == ["0", "1", "2", "3"]

@@ -119,11 +119,49 @@ def test_prefill_row_matches_prefill_alone_and_touches_only_its_row(compiled):
         compiled.prefill_row(torch.zeros(1, T + 1, dtype=torch.int64), 0, cache)
 
 
+def test_prefill_rows_match_each_prompt_alone_and_leave_other_rows(compiled):
+    eager = load_model("toy-llama")
+    first = [PROMPTS[4], PROMPTS[5], PROMPTS[6], PROMPTS[7]]  # every row holds a prompt first
+    _, cache = compiled.prefill_rows(first, [0, 1, 2, 3], compiled.new_cache(4))
+    before = host(cache)
+    prompts, rows = [PROMPTS[3], PROMPTS[0], PROMPTS[2]], [3, 0, 2]  # lengths 7, 3 and 13; row 1 not admitted
+    assert [len(p) for p in prompts] == [7, 3, 13]
+    logits, cache = compiled.prefill_rows(prompts, rows, cache)
+    after = host(cache)
+    for prompt, r, got in zip(prompts, rows, logits, strict=True):
+        tokens = torch.tensor([prompt])
+        alone, alone_cache = compiled.prefill(tokens)
+        assert got.shape == (len(prompt), 256)
+        assert (got - alone[0]).abs().max().item() <= 1e-5 and (got - eager.prefill(tokens)[0]).abs().max().item() <= 1e-4
+        s = len(prompt)
+        for b, a, one in zip(before, after, host(alone_cache), strict=True):
+            assert np.abs(a[r, :s] - one[0, :s]).max() <= 1e-5  # the row: its prompt's keys and values
+            assert np.array_equal(a[r, s:], b[r, s:])  # past the prompt (padding): not written
+    for b, a in zip(before, after, strict=True):
+        assert np.array_equal(a[1], b[1])  # the row not admitted: byte-identical
+    # Every row decodes on from its own prompt as eager does for that prompt alone.
+    held = {0: PROMPTS[0], 1: PROMPTS[5], 2: PROMPTS[2], 3: PROMPTS[3]}
+    nxt = torch.tensor([11, 12, 13, 14])
+    got, _ = compiled.decode(nxt, cache, torch.tensor([len(held[r]) for r in range(4)]))
+    for r in range(4):
+        c = eager.new_cache(1, T)
+        eager.prefill(torch.tensor([held[r]]), c)
+        want = eager.decode(nxt[r : r + 1], c, torch.tensor([len(held[r])]))
+        assert (got[r : r + 1] - want).abs().max().item() <= 1e-4
+    with pytest.raises(InputError, match=r"rows must be distinct integers in \[0, 4\) for a batch-4 cache, found \[1, 1\]"):
+        compiled.prefill_rows([[1], [2]], [1, 1], cache)
+    with pytest.raises(InputError, match=r"takes as many rows as prompts \(at least one\), found 2 prompts and 1 rows"):
+        compiled.prefill_rows([[1], [2]], [1], cache)
+    with pytest.raises(InputError, match="past the exported cache length 32"):
+        compiled.prefill_rows([[1], list(range(T + 1))], [0, 1], cache)
+
+
 def test_prefill_row_tp2_pp2(tmp_path):
     model = load_model("toy-llama", tp=2, pp=2)
     manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16)
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
-    assert manifest["transfers"] == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3}
+    # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3.
+    assert manifest["transfers"] == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3}
     assert [a["name"] for a in manifest["functions"]["prefill_row_bs2"]["args"][:4]] == ["tokens", "positions", "row", "cache.0"]
     assert manifest["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")
@@ -134,6 +172,12 @@ def test_prefill_row_tp2_pp2(tmp_path):
     assert (logits - model.prefill(second)).abs().max().item() <= 1e-4
     for b, a in zip(before, host(cache), strict=True):
         assert np.array_equal(a[0], b[0])
+    # Both prompts again in one prefill_rows call (rows swapped) on the sharded cache.
+    together, cache_rows = compiled.prefill_rows([second[0].tolist(), first[0].tolist()], [1, 0], compiled.new_cache(2))
+    for got, prompt in zip(together, (second, first)):
+        assert (got - model.prefill(prompt)[0]).abs().max().item() <= 1e-4
+    for a, b in zip(host(cache_rows), host(cache), strict=True):  # the same keys and values as one by one
+        assert np.abs(a[:, :5] - b[:, :5]).max() <= 1e-5 and np.array_equal(a[1, 3:], np.zeros_like(a[1, 3:]))
     # Both rows decode on from their own prompts as eager does for each alone.
     nxt = torch.tensor([11, 12])
     got, _ = compiled.decode(nxt, cache, torch.tensor([5, 3]))
@@ -170,6 +214,20 @@ def test_concurrent_requests_match_each_alone(compiled, engines):
     first_of_4 = next(k for k, (i, _) in enumerate(order) if i == 4)
     last_of_2 = max(k for k, (i, _) in enumerate(order) if i == 2)
     assert first_of_4 < last_of_2
+
+
+def test_requests_arriving_together_are_prefilled_in_one_call(compiled, engines):
+    want = [greedy(compiled, PROMPTS[i], 6) for i in range(6)]
+    calls = []  # the rows of each prefill_rows call
+    model = Hooked(compiled, "prefill_rows", lambda n: None, record=calls)
+    engine = engines(model=model, start=False)
+    collectors = [Collect() for _ in range(6)]
+    for i, c in enumerate(collectors):  # 6 requests, 4 rows: 4 prefilled together, then 2 together
+        engine.submit(PROMPTS[i], SamplingParams(max_tokens=6), c)
+    engine.start()
+    for w, c in zip(want, collectors):
+        assert c.wait().ids == w
+    assert calls == [[0, 1, 2, 3], [0, 1]]
 
 
 def test_reused_row_shows_nothing_of_its_previous_request(engines):
@@ -248,10 +306,11 @@ def test_submit_refuses_what_the_model_cannot_take(engines):
 
 
 class Hooked:
-    """The compiled model, with ``hook(n)`` run before its ``n``-th call of ``name``."""
+    """The compiled model, with ``hook(n)`` run before its ``n``-th call of ``name``
+    (``record``: a list that gets each call's second argument, the rows of ``prefill_rows``)."""
 
-    def __init__(self, model, name: str, hook):
-        self.model, self.name, self.hook, self.calls = model, name, hook, 0
+    def __init__(self, model, name: str, hook, record: list | None = None):
+        self.model, self.name, self.hook, self.calls, self.record = model, name, hook, 0, record
 
     def __getattr__(self, attr):
         fn = getattr(self.model, attr)
@@ -261,6 +320,8 @@ class Hooked:
         def call(*args, **kwargs):
             self.calls += 1
             self.hook(self.calls)
+            if self.record is not None:
+                self.record.append(list(args[1]))
             return fn(*args, **kwargs)
 
         return call
@@ -287,7 +348,7 @@ def _raise_at_first(n: int) -> None:
         raise RuntimeError("device lost (injected)")
 
 
-@pytest.mark.parametrize("name", ["decode", "prefill_row"])
+@pytest.mark.parametrize("name", ["decode", "prefill_rows"])
 def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(compiled, engines, name):
     want = greedy(compiled, PROMPTS[1], 4)
     engine = engines(model=Hooked(compiled, name, _raise_at_first))

@@ -100,17 +100,19 @@ class LlamaModel:
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None):
+    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
         the model's weights (export passes its module's parameters). ``tokens`` and
         ``positions`` are taken to live on the path's first device and are copied from there
         to every other device that reads them (a few bytes each), so no device reads
-        another's memory and a compiler knows where every value lives."""
+        another's memory and a compiler knows where every value lives. ``padding``: ``[B, S]``
+        booleans living there too, True at tokens whose keys and values are not written
+        (``layers.attention``)."""
         stages = stages or self.stages
         route = self.plan.paths[path]
         home = self.input_device(path)
         x = self.embed(tokens, home, stages[0][route[0]])
-        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages)
+        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding)
         return self.head(x, stages[-1][route[-1]]), new_entries
 
     def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
@@ -119,13 +121,15 @@ class LlamaModel:
         tokens = ReplicatedTensor(ts=[tokens], devices=(home,))
         return ops.embedding_lookup(ops.replicate(tokens, devices=weights.devices), weights.embed)
 
-    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0):
+    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None):
         """The residual stream ``x`` through the blocks of stages ``first ..
         first + len(stages) - 1`` of ``path`` (``stages[i]``: the replicas of stage
         ``first + i``; ``entries``: the cache entries of exactly those blocks), with
-        ``positions`` living on device ``home``: ``(x, new cache entries)``."""
+        ``positions`` (and ``padding``, see :meth:`forward_path`) living on device ``home``:
+        ``(x, new cache entries)``."""
         c = self.config
         positions = ReplicatedTensor(ts=[positions], devices=(home,))
+        padding = ReplicatedTensor(ts=[padding], devices=(home,)) if padding is not None else None
         new_entries = []
         block = 0
         # Device group -> positions, rotary cos and sin, causal mask there (once per group).
@@ -136,15 +140,16 @@ class LlamaModel:
                 pos = ops.replicate(positions, devices=weights.devices)
                 angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
                 cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (rotary_cos, rotary_sin))
-                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, entries[block][0].shape[1]))
-            pos, cos, sin, mask = per_group[weights.devices]
+                pad = ops.replicate(padding, devices=weights.devices) if padding is not None else None
+                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, entries[block][0].shape[1]), pad)
+            pos, cos, sin, mask, pad = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])
                 h = ops.rms_norm(x, w["attn_norm"], epsilon=c.rms_norm_eps)
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
-                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask,
+                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask, padding=pad,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
