@@ -14,7 +14,7 @@ from pathlib import Path
 from . import __version__
 
 _RECIPE_KEYS = {"model", "tp", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
-_DEFAULTS = {"tp": 1, "pp": None, "hosts": 1, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+_DEFAULTS = {"tp": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
 
 
 # serve: seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
@@ -76,6 +76,7 @@ def cmd_export(args) -> int:
     import torch
 
     from .export.artifact import export_artifact
+    from .export.hosts import HOSTS_FORMAT
     from .models import load_model
 
     s = _export_settings(args)
@@ -99,9 +100,9 @@ def cmd_export(args) -> int:
         progress=lambda m: _say(args, m),
     )
     out = Path(args.output_dir)
-    if int(s["hosts"]) != 1:
-        return _export_hosts(args, model, int(s["hosts"]), out, options)
-    manifest = export_artifact(model, args.output_dir, **options)
+    manifest = export_artifact(model, out, hosts=s["hosts"] and int(s["hosts"]), **options)
+    if manifest["format"] == HOSTS_FORMAT:
+        return _hosts_summary(args, manifest, out)
     summary = {
         "output_dir": str(out),
         "export_seconds": manifest["export_seconds"],
@@ -118,10 +119,7 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _export_hosts(args, model, hosts: int, out: Path, options: dict) -> int:
-    from .export.artifact import export_artifact
-
-    manifest = export_artifact(model, out, hosts=hosts, **options)
+def _hosts_summary(args, manifest: dict, out: Path) -> int:
     summary = {
         "output_dir": str(out),
         "hosts": [{k: h[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest["hosts"]],
@@ -159,10 +157,7 @@ def _eager_model(manifest: dict):
 
     dtype = getattr(torch, manifest["model"]["dtype"])
     theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
-    p = manifest["parallel"]
-    plan = ParallelPlan(
-        p["tp"], tuple(p["stage_of_block"]), tuple(tuple(tuple(g) for g in r) for r in p["replicas"]), tuple(tuple(x) for x in p["paths"])
-    )
+    plan = ParallelPlan.from_dict(manifest["parallel"])
     from .models.llama.config import LlamaConfig
 
     return LlamaModel(LlamaConfig.from_dict(manifest["model"]["config"]), theta, plan)
@@ -513,8 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
     e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
     e.add_argument("--hosts", type=int, help="split the pipeline stages over this many hosts (must divide pp): one program per host in "
-        "DIR/host_N/, run with torchrun (default 1: one program)")
-    e.add_argument("--placement", help="placement directives (JSON: place/path directives)")
+        "DIR/host_N/, run with torchrun (default: one program, or the hosts the placement names, which --hosts must then match)")
+    e.add_argument("--placement", help="placement directives (JSON: place/path directives); a \"host\" in every place directive "
+        "exports one program per host, each host holding consecutive stages (as many as it names, e.g. exports/placements/tp2-pp4-hosts-3-1.json)")
     e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
     e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
         "weights would not fit in this host's memory for a CPU target)")

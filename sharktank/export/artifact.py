@@ -119,22 +119,26 @@ def export_artifact(
     extra_flags: tuple[str, ...] = (),
     compile: bool = True,
     progress: Callable[[str], None] = lambda msg: None,
-    hosts: int = 1,
+    hosts: int | None = None,
 ) -> dict:
     """Export (and compile) ``model`` into ``output_dir``; returns the manifest.
 
-    ``hosts``: above 1, the pipeline stages split over that many hosts, one program each
-    (:mod:`sharktank.export.hosts`; the result is its top-level manifest).
+    ``hosts``: the pipeline stages split over that many hosts, one program each, when the
+    plan's stages name no hosts; when they do, None or their number (see
+    :meth:`~sharktank.parallel.ParallelPlan.on_hosts`). Over several hosts the export is
+    :mod:`sharktank.export.hosts`'s and the result its top-level manifest (format
+    :data:`~sharktank.export.hosts.HOSTS_FORMAT`).
 
     ``max_seq_len``: the KV-cache length; by default the model's context up to
     :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
     a cache that with the weights would not fit in this host's memory (CPU target), raises
     :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced."""
-    if hosts != 1:
+    over_hosts = model.plan.on_hosts(hosts)
+    if over_hosts.host_count > 1:
         from .hosts import export_hosts
 
         return export_hosts(
-            model, output_dir, hosts, source=source, batch_sizes=tuple(batch_sizes), max_seq_len=max_seq_len, target=target,
+            model, over_hosts, output_dir, source=source, batch_sizes=tuple(batch_sizes), max_seq_len=max_seq_len, target=target,
             target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
         )
     plan = model.plan

@@ -1,9 +1,11 @@
 """Exporting a pipeline over several hosts: one multi-device program per host.
 
-``--hosts H`` gives host ``h`` the consecutive stages ``h*P/H .. (h+1)*P/H - 1`` of a
-``P``-stage plan (one device group per stage, one path), tensor-parallel inside. Each host's
-devices are numbered from 0 (in the order of their global numbers), and a host's program
-holds only its stages' weights. Layout of ``DIR``:
+The plan's ``host_of_stage`` says which consecutive stages each host runs (one device group
+per stage, one path), tensor-parallel inside: as a placement file names them, or with
+``--hosts H`` host ``h`` gets stages ``h*P/H .. (h+1)*P/H - 1`` of ``P``
+(:meth:`~sharktank.parallel.ParallelPlan.on_hosts`). Each host's devices are numbered from
+0 (in the order of their global numbers), and a host's program holds only its stages'
+weights. Layout of ``DIR``:
 
 - ``manifest.json``: format ``sharktank.hosts``: the model, the global plan, and per host its
   directory, stages, blocks, devices (global -> local) and its manifest's sha256;
@@ -45,7 +47,7 @@ from .artifact import MANIFEST, _may_replace, checked_length, versions, write_pr
 from .llama import cache_arg_specs, import_programs, lift_weights, row_index, trace_program
 from .program import arg_devices
 
-__all__ = ["HOSTS_FORMAT", "host_dir", "host_stages", "host_plan", "export_hosts"]
+__all__ = ["HOSTS_FORMAT", "host_dir", "host_plan", "export_hosts"]
 
 HOSTS_FORMAT = "sharktank.hosts"
 
@@ -54,28 +56,17 @@ def host_dir(host: int) -> str:
     return f"host_{host}"
 
 
-def host_stages(pp: int, hosts: int) -> list[range]:
-    """The consecutive stages each host holds."""
-    if hosts < 1 or pp % hosts:
-        raise PlanError(f"--hosts {hosts} must divide the pipeline stages (pp={pp}): each host holds pp/hosts consecutive stages")
-    n = pp // hosts
-    return [range(h * n, (h + 1) * n) for h in range(hosts)]
-
-
-def host_plan(plan: ParallelPlan, hosts: int) -> tuple[ParallelPlan, list[dict[int, int]]]:
-    """``plan`` with each host's devices numbered from 0, and per host ``{global: local}``."""
+def host_plan(plan: ParallelPlan) -> tuple[ParallelPlan, list[dict[int, int]]]:
+    """``plan`` (over hosts) with each host's devices numbered from 0, and per host ``{global: local}``."""
     if any(len(reps) != 1 for reps in plan.replicas) or len(plan.paths) != 1:
         raise PlanError(
-            f"a multi-host export needs one device group per stage and one path; found "
-            f"{[len(r) for r in plan.replicas]} groups per stage and {len(plan.paths)} paths"
+            f"a multi-host export needs one device group per stage and one path (no replicas or path "
+            f"directives); found {[len(r) for r in plan.replicas]} groups per stage and {len(plan.paths)} paths"
         )
-    maps, replicas, owner = [], [], {}
-    for h, stages in enumerate(host_stages(plan.pp, hosts)):
-        devices = sorted({d for s in stages for d in plan.devices(s)})
-        for d in devices:
-            if owner.setdefault(d, h) != h:
-                raise PlanError(f"device {d} is used by stages of host {owner[d]} and of host {h}; hosts share no devices")
-        local = {d: i for i, d in enumerate(devices)}
+    maps, replicas = [], []
+    for h in range(plan.host_count):
+        stages = plan.stages_of_host(h)
+        local = {d: i for i, d in enumerate(sorted({d for s in stages for d in plan.devices(s)}))}
         maps.append(local)
         replicas += [(tuple(local[d] for d in plan.devices(s)),) for s in stages]
     return ParallelPlan(plan.tp, plan.stage_of_block, tuple(replicas), plan.paths), maps
@@ -169,8 +160,8 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
 
 def export_hosts(
     model: LlamaModel,
+    plan: ParallelPlan,
     output_dir: str | Path,
-    hosts: int,
     *,
     source: str,
     batch_sizes: tuple[int, ...],
@@ -181,17 +172,18 @@ def export_hosts(
     compile: bool,
     progress: Callable[[str], None],
 ) -> dict:
-    """``export_artifact(..., hosts=hosts)`` (which has the defaults): ``model``'s pipeline
-    split over ``hosts`` hosts into ``output_dir`` (see the module docstring); returns the
-    top-level manifest."""
-    local, maps = host_plan(model.plan, hosts)
+    """``export_artifact`` (which has the defaults) of a plan over several hosts: ``model``'s
+    pipeline split as ``plan`` (``model.plan`` with ``host_of_stage``) says into
+    ``output_dir`` (see the module docstring); returns the top-level manifest."""
+    local, maps = host_plan(plan)
     t = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
     hm = LlamaModel(model.config, model.source.theta, local, source=model.source)
-    ranges = host_stages(local.pp, hosts)
+    hosts = plan.host_count
     t0 = time.perf_counter()
     entries = []
     with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
-        for h, stages in enumerate(ranges):
+        for h in range(hosts):
+            stages = plan.stages_of_host(h)
             progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
             t1 = time.perf_counter()
             mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t)
@@ -216,7 +208,7 @@ def export_hosts(
             "format": HOSTS_FORMAT,
             "version": 1,
             "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
-            "parallel": model.plan.to_dict(),
+            "parallel": plan.to_dict(),
             "hosts": entries,
             "boundary": {"hidden_size": model.config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."), "batch_sizes": list(batch_sizes)},
             "export_seconds": round(time.perf_counter() - t0, 3),

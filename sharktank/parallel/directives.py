@@ -3,8 +3,11 @@
 A directive list holds one ``place`` per pipeline stage and optional ``path`` directives:
 
 - ``{"op": "place", "filter": {"PP": s}, "devices": [...]}``: the devices holding stage ``s``;
-  the list is ``R`` replicas of the stage, each a group of ``tp`` consecutive devices. Other
-  keys (``"stream"``) are accepted and ignored.
+  the list is ``R`` replicas of the stage, each a group of ``tp`` consecutive devices. An
+  optional ``"host": h`` (our addition) names the host running the stage, for an export over
+  several hosts: every place directive names one or none does, hosts are numbered from 0 in
+  stage order, each holds consecutive stages (as many as it likes) and devices no other host
+  uses. Other keys (``"stream"``) are accepted and ignored.
 - ``{"op": "path", "devices": [d0, d1, ...]}`` (our addition): a route for microbatches, one
   entry per stage naming the first device of the replica group used there. DualPipe's two
   directions inside a group are ``[0, 1, ..., 7]`` and ``[7, 6, ..., 0]``; DualPipeV's V is
@@ -50,6 +53,7 @@ def load_directives(source: str | Path | Sequence[dict]) -> list[dict]:
 def plan_from_directives(directives: str | Path | Sequence[Any], num_blocks: int, tp: int = 1, pp: int | None = None) -> ParallelPlan:
     """Validate directives and build the plan (``pp``, when given, must match the stages)."""
     stages: dict[int, list[int]] = {}
+    hosts: dict[int, Any] = {}
     paths: list[list[int]] = []
     for i, d in enumerate(load_directives(directives)):
         if not isinstance(d, dict) or "op" not in d:
@@ -64,6 +68,8 @@ def plan_from_directives(directives: str | Path | Sequence[Any], num_blocks: int
             if not isinstance(devices, list) or not devices:
                 raise PlanError(f"directive {i}: stage {stage} has no devices")
             stages[stage] = devices
+            if "host" in d:
+                hosts[stage] = d["host"]
         elif d["op"] == "path":
             devices = d.get("devices")
             if not isinstance(devices, list):
@@ -78,4 +84,11 @@ def plan_from_directives(directives: str | Path | Sequence[Any], num_blocks: int
         raise PlanError(f"placement has no place directive for stage(s) {missing}")
     if pp is not None and pp != len(stages):
         raise PlanError(f"pp={pp} but the placement has {len(stages)} stages")
-    return ParallelPlan.from_groups(num_blocks, tp, [stages[s] for s in range(len(stages))], paths or None)
+    if hosts and len(hosts) != len(stages):
+        named, unnamed = min(hosts), min(set(stages) - set(hosts))
+        raise PlanError(
+            f"stage {named} names host {hosts[named]!r} but stage {unnamed} names none: "
+            f"name a host in every place directive or in none"
+        )
+    order = range(len(stages))
+    return ParallelPlan.from_groups(num_blocks, tp, [stages[s] for s in order], paths or None, tuple(hosts[s] for s in order) if hosts else ())

@@ -72,3 +72,50 @@ def test_bad_placement_file(tmp_path):
         plan_from_directives(bad, num_blocks=2)
     with pytest.raises(PlanError, match="does not exist"):
         plan_from_directives(tmp_path / "missing.json", num_blocks=2)
+
+
+# --- hosts named by place directives ---------------------------------------------------------
+def _on(host, stage, devices):
+    return {**_place(stage, devices), "host": host}
+
+
+def test_a_placement_may_name_unequal_hosts():
+    p = plan_from_directives(SHARED / "tp2-pp4-hosts-3-1.json", num_blocks=4, tp=2)
+    assert p.host_of_stage == (0, 0, 0, 1) and p.host_count == 2
+    assert [p.stages_of_host(h) for h in range(2)] == [range(0, 3), range(3, 4)]
+    assert p.on_hosts(None) is p and p.on_hosts(2) is p
+    assert ParallelPlan.from_dict(p.to_dict()) == p and p.to_dict()["host_of_stage"] == [0, 0, 0, 1]
+
+
+def test_a_plan_naming_no_hosts_is_unchanged_and_splits_evenly():
+    p = ParallelPlan.from_tp_pp(4, tp=2, pp=4)
+    assert p.host_of_stage == () and p.host_count == 1 and "host_of_stage" not in p.to_dict()
+    assert p.on_hosts(None) is p and p.on_hosts(1) is p and ParallelPlan.from_dict(p.to_dict()) == p
+    assert p.on_hosts(2).host_of_stage == (0, 0, 1, 1) and p.on_hosts(4).host_of_stage == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "directives, match",
+    [
+        ([_on(0, 0, [0]), _place(1, [1])], "stage 0 names host 0 but stage 1 names none: name a host in every place directive or in none"),
+        ([_place(0, [0]), _on(1, 1, [1])], "stage 1 names host 1 but stage 0 names none"),
+        ([_on(1, 0, [0]), _on(1, 1, [1])], r"stage 0 is on host 1: hosts are numbered from 0 in stage order"),
+        ([_on(0, 0, [0]), _on(2, 1, [1])], r"stage 1 is on host 2 after stage 0 on host 0: hosts are numbered from 0"),
+        ([_on(0, 0, [0]), _on(1, 1, [1]), _on(0, 2, [2])], r"stage 2 is on host 0 after stage 1 on host 1: .* each holding consecutive stages \(host of each stage: \[0, 1, 0\]\)"),
+        ([_on("a", 0, [0])], "stage 0 is on host 'a'"),
+        ([_on(0, 0, [0]), _on(True, 1, [1])], "stage 1 is on host True after stage 0 on host 0"),
+        ([_on(0, 0, [0]), _on(0, 1, [1]), _on(1, 2, [1])], r"device 1 holds stage 1 \(host 0\) and stage 2 \(host 1\): a device belongs to one host"),
+    ],
+)
+def test_invalid_hosts_are_clear_errors(directives, match):
+    with pytest.raises(PlanError, match=match):
+        plan_from_directives(directives, num_blocks=4)
+
+
+def test_hosts_given_must_match_the_hosts_named():
+    p = plan_from_directives([_on(0, 0, [0]), _on(0, 1, [1]), _on(1, 2, [2])], num_blocks=4)
+    for hosts in (1, 3):
+        with pytest.raises(PlanError, match=rf"--hosts {hosts}, but the placement names 2 hosts \(host of each stage: \[0, 0, 1\]\)"):
+            p.on_hosts(hosts)
+    with pytest.raises(PlanError, match=r"--hosts 3 must divide the pipeline stages \(pp=4\)"):
+        ParallelPlan.from_tp_pp(4, pp=4).on_hosts(3)

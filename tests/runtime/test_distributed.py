@@ -49,7 +49,7 @@ def _finish(procs: list[subprocess.Popen], timeout: float = LIMIT_S) -> list[tup
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """The same model exported three ways (see hosts_artifacts) and the one-host reference run."""
+    """The same model exported several ways (see hosts_artifacts) and the one-host reference run."""
     dirs = dict(hosts_artifacts(tmp_path_factory))
     logits = tmp_path_factory.mktemp("reference") / "single.npy"
     dirs["want"] = _single_host(dirs["single"], logits)  # the reference run, once
@@ -140,6 +140,26 @@ def test_pp4_over_four_hosts_each_reading_only_its_own_files(artifacts, tmp_path
     # in another order (float32, |logits| < 10: differences of a few 1e-7).
     np.testing.assert_allclose(np.load(tmp_path / "hosts.npy"), artifacts["want_logits"], rtol=0, atol=1e-5)
     assert got["bytes_per_decode_token"] == {"0": 288, "1": 288, "2": 288, "3": 1024}
+
+
+def test_hosts_named_by_a_placement_file_may_hold_unequal_stages(artifacts, tmp_path):
+    # exports/toy-llama-hosts-3-1.toml: stages 0-2 on host 0, stage 3 on host 1, no --hosts.
+    m = json.loads((artifacts["tp2pp4x2-uneven"] / "manifest.json").read_text())
+    assert m["parallel"]["host_of_stage"] == [0, 0, 0, 1]
+    assert [(h["stages"], h["blocks"], h["devices"]) for h in m["hosts"]] == [
+        ([0, 1, 2], [0, 1, 2], [[d, d] for d in range(6)]), ([3], [3], [[6, 0], [7, 1]])
+    ]
+    want = _single_host(artifacts["tp2pp4"], tmp_path / "single.npy")  # the same stages on one host
+    assert "host_of_stage" not in json.loads((artifacts["tp2pp4"] / "manifest.json").read_text())["parallel"]
+    port = _free_port()
+    procs = [_start(_cli("run", artifacts["tp2pp4x2-uneven"], *PROMPT, "--save-logits", tmp_path / "hosts.npy", "--json", "--timeout", "30"), _rank_env(r, 2, port)) for r in (0, 1)]
+    results = _finish(procs)
+    assert [r[0] for r in results] == [0, 0], [r[2][-2000:] for r in results]
+    got = json.loads(results[0][1])
+    assert got["ids"] == want["ids"] and got["hosts"] == 2 and got["device_count"] == 6
+    # Same stages, same kernels: bitwise the one-host artifact's logits, as for tp2pp2 above.
+    np.testing.assert_array_equal(np.load(tmp_path / "hosts.npy"), np.load(tmp_path / "single.npy"))
+    assert got["bytes_per_decode_token"] == {"0": 24 + 64 * 4 + 8, "1": 256 * 4}
 
 
 _CRASH_ON_THIRD_CALL = (
