@@ -7,7 +7,9 @@ OUT gets ``config.json`` (the published Llama config dict, loadable by transform
 ``sharktank.models.load_hf_checkpoint``) and safetensors: ``model.safetensors`` when the
 tensors fit in one shard, else ``model-0000K-of-0000N.safetensors`` files plus
 ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``), as
-``save_pretrained`` writes them.
+``save_pretrained`` writes them. It also gets a byte-level ``tokenizer.json`` (the 256 byte
+tokens, no merges, the config's BOS/EOS ids as special tokens) and ``tokenizer_config.json``, so
+text and serving run on it: not the published tokenizer, which cannot be made here.
 
 It streams: tensors are generated one at a time in model order and a shard is written (by
 ``safetensors.torch.save_file``) as soon as the next tensor would not fit, so the writer holds
@@ -28,6 +30,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -191,10 +194,38 @@ def write_checkpoint(
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        write_tokenizer(tmp, d)
         (tmp / "config.json").write_text(json.dumps(d, indent=2) + "\n")  # last: the marker atomic_dir removes first
     seconds = time.perf_counter() - start
     say(f"done: {total} bytes ({_size(total)}) in {len(shards)} file(s), {seconds:.1f} s ({total / 1e9 / max(seconds, 1e-9):.2f} GB/s)")
     return {"path": Path(out), "files": len(shards), "tensors": len(shapes), "bytes": total, "seconds": seconds}
+
+
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def write_tokenizer(directory: Path, d: dict[str, Any]) -> None:
+    """A byte-level BPE ``tokenizer.json`` for config ``d`` (a Hugging Face config dict):
+    BOS and EOS at the config's ``bos_token_id``/``eos_token_id``, the 256 byte tokens at the
+    lowest other ids, and unreachable placeholders in any gap below the specials; plus
+    ``tokenizer_config.json`` naming BOS and EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    specials = {d.get("bos_token_id", 256): BOS, d.get("eos_token_id", 257): EOS}
+    if len(specials) != 2 or max(specials) >= d["vocab_size"] or d["vocab_size"] < 258:
+        raise ValueError(f"a byte-level tokenizer needs 258 ids and distinct BOS/EOS ids below vocab_size {d['vocab_size']}, found {specials}")
+    alphabet = iter(sorted(pre_tokenizers.ByteLevel.alphabet()))
+    vocab, i = {}, 0
+    while len(vocab) < 256 + 2 or i <= max(specials):
+        vocab[specials[i] if i in specials else next(alphabet, f"<|reserved_{i}|>")] = i
+        i += 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([BOS, EOS])
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, vocab[BOS])])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}, indent=2) + "\n")
 
 
 def _size(n: int) -> str:
@@ -218,6 +249,11 @@ def cached_checkpoint(config: str, dtype: str = "bfloat16", seed: int = 0) -> Pa
         key = f"{path.stem}-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
     target = cache_root() / "checkpoints" / f"{key}-{dtype}-s{seed}"
     if (target / "config.json").is_file():
+        if not (target / "tokenizer.json").is_file():  # cached before checkpoints had one
+            with tempfile.TemporaryDirectory(dir=target) as tmp:
+                write_tokenizer(Path(tmp), json.loads((target / "config.json").read_text()))
+                for f in ("tokenizer_config.json", "tokenizer.json"):  # each file whole; tokenizer.json last
+                    os.replace(Path(tmp) / f, target / f)
         return target
     try:
         write_checkpoint(target, config, dtype, seed=seed)

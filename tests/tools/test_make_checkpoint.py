@@ -191,3 +191,26 @@ def test_the_writer_holds_one_shard_not_the_checkpoint(tmp_path):
     assert baseline + total > bound  # a writer holding the whole checkpoint would fail
     assert peak < bound, f"peak RSS {peak / 1e6:.0f} MB; baseline {baseline / 1e6:.0f} MB, bound {bound / 1e6:.0f} MB"
     assert len(list((tmp_path / "mid").glob("*.safetensors"))) >= 8  # 2 of 65.5 MB, the rest in 32 MiB
+
+
+def test_the_checkpoint_carries_a_byte_tokenizer_at_the_configs_special_ids(tiny):
+    from sharktank.text.tokenizer import HFTokenizer
+
+    config = json.loads((tiny / "config.json").read_text())
+    tok = HFTokenizer.from_checkpoint(tiny)
+    assert tok.bos_token_id == config["bos_token_id"] and config["eos_token_id"] in tok.eos_token_ids
+    text = "Sharding, café 日本"
+    ids = tok.encode(text)
+    assert ids[0] == config["bos_token_id"] and len(ids) == 1 + len(text.encode())  # one token per byte
+    assert max(ids) < config["vocab_size"] and tok.decode(ids) == text
+
+
+def test_a_cached_checkpoint_from_before_tokenizers_gets_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARKTANK_CACHE", str(tmp_path))
+    path = cached_checkpoint("tiny", "float32", seed=4)
+    (path / "tokenizer.json").unlink()
+    (path / "tokenizer_config.json").unlink()
+    monkeypatch.setattr(make_checkpoint, "write_checkpoint", lambda *a, **k: pytest.fail("written twice"))
+    assert cached_checkpoint("tiny", "float32", seed=4) == path
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("tokenizer")) == ["tokenizer.json", "tokenizer_config.json"]
+    assert not [p for p in path.iterdir() if p.is_dir()]  # the temporary directory is gone
