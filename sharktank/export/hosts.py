@@ -44,7 +44,7 @@ from ..parallel import ParallelPlan, PlanError
 from ..types import ReplicatedTensor, ShardedTensor
 from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
-from .llama import cache_arg_specs, import_programs, lift_weights, row_index, trace_program
+from .llama import cache_arg_specs, import_programs, lift_weights, row_index, row_slices, trace_program
 from .program import arg_devices
 
 __all__ = ["HOSTS_FORMAT", "host_dir", "host_plan", "export_hosts"]
@@ -114,11 +114,12 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
             return (out, *pytree.tree_leaves(new))
 
         def forward_row(module, x, positions, row, *cache_leaves):
-            # One prompt into batch row `row`: that row of every cache entry is taken out, runs
-            # as a batch of one and is written back; no other row is read or written.
+            # One prompt into batch row `row`: that row of every cache entry runs as a batch of
+            # one from zeros (as in export.llama._prefill_row) and is written back; no other
+            # row is read or written.
             mine = pytree.tree_unflatten(list(cache_leaves), spec)
             row_on = row_index(row, home)
-            old = [tuple(ops.index_select(e, 0, row_on(e.devices)) for e in kv) for kv in mine]
+            old = row_slices(mine, lambda e: row_on(e.devices), fresh=True)
             out, new = run(module, x, positions, old)
             new = [tuple(ops.index_put(e, [row_on(e.devices)], n) for e, n in zip(kv, nkv)) for kv, nkv in zip(mine, new)]
             return (out, *pytree.tree_leaves(new))

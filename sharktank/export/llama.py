@@ -7,7 +7,7 @@ Functions, for each batch size ``B``:
 - ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``;
 - for ``B > 1``, ``prefill_row_bs{B}(tokens[1, S], positions[1, S], row[1], *cache) ->
   (logits[1, S, vocab], *cache)``: one prompt prefilled into batch row ``row`` of the batch-B
-  cache, every other row left as it was (continuous batching admits a request into a free
+  cache (the row starts afresh: zeros past the prompt), every other row left as it was (continuous batching admits a request into a free
   row this way). For ``B = 1`` it would be ``prefill_bs1``, so it is not exported.
 
 Logits and cache are in the model's dtype; bfloat16 logits are returned as their int16 bits
@@ -271,17 +271,31 @@ def row_index(row: torch.Tensor, home: int):
     return row_on
 
 
+def row_slices(entries: list, index, *, fresh: bool) -> list:
+    """Each cache entry's batch row ``index(entry)`` as a ``[1, T, kv, hd]`` slice: its old
+    values, or zeros when ``fresh`` (a row prefilled from position 0 in one microbatch, see
+    :func:`_prefill_row`; the old row is then not read at all)."""
+    rows = [tuple(ops.index_select(c, 0, index(c)) for c in kv) for kv in entries]
+    # zeros_like leaves the selection unused, so the compiled call never reads the old row.
+    return [tuple(ops.elementwise(torch.zeros_like, c) for c in kv) for kv in rows] if fresh else rows
+
+
 def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: list, paths: list[int], rows: list, first_device: int):
     """``(logits [1, S, vocab], new entries)``: the prompt ``tokens`` prefilled into batch row
     ``row`` (``[1]`` int64 on ``first_device``) of a cache whose microbatches are ``paths``/``rows``.
 
-    Each cache entry's row is taken out with ``index_select`` (a ``[1, T, kv, hd]`` slice, the
-    index replicated to the entry's devices), the slice runs through ``forward_path`` as a
-    batch of one, and is written back with ``index_put``; no other row is read into or
-    written. The row is a runtime value, so with several microbatches the owning one cannot
-    be chosen while tracing: each microbatch prefills its clamped local row along its own
-    path (on its own devices), writes back its old slice unless it holds the row (a
-    ``where``: bit-exact), and the logits are those of the owner."""
+    Each cache entry's row is a ``[1, T, kv, hd]`` slice (the index replicated to the entry's
+    devices) that runs through ``forward_path`` as a batch of one and is written back with
+    ``index_put``; no other row is read into or written. With one microbatch the slice starts
+    as zeros: a prompt from position 0 attends only to the entries it writes (causal mask), so
+    the row's old entries are never needed, and past the prompt the row holds zeros. (Reading
+    the old row with ``index_select`` in the call that writes it back aborted in IREE 3.10's
+    ``local-task`` driver, ``hal.fence.await``, at 16 layers or more; ``local-sync`` ran it.)
+
+    The row is a runtime value, so with several microbatches the owning one cannot be chosen
+    while tracing: each microbatch prefills its clamped local row along its own
+    path (on its own devices) from its ``index_select``-ed old slice, writes that back unless it
+    holds the row (a ``where``: bit-exact), and the logits are those of the owner."""
     row_on = row_index(row, first_device)
     batch = sum(n for _, n in rows)
     logits, new_entries = None, []
@@ -290,7 +304,7 @@ def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: lis
         tok, pos = (tokens, positions) if origin == first_device else (ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
         whole = n == batch  # one microbatch holds every row: no mask
         local = lambda c: row_on(c.devices) if whole else ops.elementwise(_local_row, row_on(c.devices), start=start, n=n)
-        old = [tuple(ops.index_select(c, 0, local(c)) for c in kv) for kv in entries[m]]
+        old = row_slices(entries[m], local, fresh=whole)
         out, new = model.forward_path(tok, pos, old, path, stages)
         if not whole:
             keep = [ops.elementwise(_holds_row, row_on(kv[0].devices), start=start, n=n) for kv in new]

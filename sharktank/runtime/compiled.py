@@ -127,7 +127,8 @@ class PrefillDecode:
     def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
         """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
         into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
-        :meth:`new_cache` or a previous call); the other rows are left as they were."""
+        :meth:`new_cache` or a previous call); the row starts afresh (zeros past the prompt),
+        the other rows are left as they were."""
         _check_tokens(tokens)
         if tokens.shape[0] != 1:
             raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
