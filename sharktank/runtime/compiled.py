@@ -142,15 +142,17 @@ class PrefillDecode:
 
     def prefill_rows(self, prompts: Sequence[Sequence[int]], rows: Sequence[int], cache: list) -> tuple[list[torch.Tensor], list]:
         """``(logits, cache)``: each prompt ``prompts[i]`` (token ids) prefilled from position 0
-        into batch row ``rows[i]`` of ``cache`` in one call; ``logits[i]`` is prompt ``i``'s
-        ``[len(prompts[i]), vocab]``. Rows not named keep their caches bit for bit, and a
-        row's cache past its own prompt is not written (what padding computed is dropped).
+        into batch row ``rows[i]`` of ``cache``; ``logits[i]`` is prompt ``i``'s
+        ``[len(prompts[i]), vocab]``. Rows not named keep their caches bit for bit; what a
+        named row holds past its own prompt is never attended to (causal mask).
 
-        Several prompts: one ``prefill_rows_bs{B}`` call, every prompt right-padded to the
-        longest (rows not named run padding of length 0, so one call costs a batch-``B``
-        prefill of that length). One prompt: ``prefill_row_bs{B}``, which computes one row
-        only (``prefill_bs1`` for ``B = 1``). An artifact exported before ``prefill_rows``
-        existed gets one ``prefill_row`` call per prompt."""
+        Prompts for more than half the rows: one ``prefill_rows_bs{B}`` call, every prompt
+        right-padded to the longest (rows not named run padding of length 0, whose cache
+        writes are dropped, so the call costs a batch-``B`` prefill of that length). Fewer:
+        one ``prefill_row_bs{B}`` call per prompt, each computing its own row only (its row
+        starts afresh; ``prefill_bs1`` for ``B = 1``), which costs less where prefill is
+        compute-bound (a 1B model on a CPU) and about the same where it is not. An artifact
+        exported before ``prefill_rows`` existed always gets one ``prefill_row`` per prompt."""
         batch = self._cache_batch(cache)
         if not isinstance(prompts, (list, tuple)) or not isinstance(rows, (list, tuple)) or len(prompts) != len(rows) or not prompts:
             raise InputError(f"prefill_rows takes as many rows as prompts (at least one), found {_count(prompts)} prompts and {_count(rows)} rows")
@@ -158,7 +160,7 @@ class PrefillDecode:
             raise InputError(f"rows must be distinct integers in [0, {batch}) for a batch-{batch} cache, found {list(rows)!r}")
         if any(not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
             raise InputError("each prompt must be a non-empty list of integer token ids")
-        if len(prompts) == 1 or f"prefill_rows_bs{batch}" not in self.functions:
+        if 2 * len(prompts) <= batch or f"prefill_rows_bs{batch}" not in self.functions:
             logits = []
             for prompt, row in zip(prompts, rows):
                 out, cache = self.prefill_row(torch.tensor([list(prompt)], dtype=torch.int64), row, cache)

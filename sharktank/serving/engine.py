@@ -7,14 +7,14 @@ its own position, samples each busy row's next token with the request's own
 :class:`~sharktank.text.sampling.Sampler`, delivers the events and frees the rows of
 finished or cancelled requests.
 
-Admission policy: at most one prefill call between two decode steps, and it takes every
-waiting request that has a free row (first come, first served) together
-(``CompiledModel.prefill_rows``: each prompt's keys and values go into its own row only,
-the rows already generating keep their caches). So requests that arrive together wait for
-one prefill, not for each other's, and a row already decoding waits at most one prefill
-call per token: that of a batch-``B`` prefill of the longest prompt admitted (a single
-admitted request runs ``prefill_row``, one row's work). Requests that find no free row
-wait in the queue, in order, for the next step that frees one.
+Admission policy: between two decode steps, every waiting request that has a free row
+(first come, first served) is prefilled together (``CompiledModel.prefill_rows``: each
+prompt's keys and values go into its own row only, the rows already generating keep their
+caches): one batch-``B`` call when they fill more than half the rows, else one one-row
+``prefill_row`` call each. So a row already decoding waits at most a batch-``B`` prefill's
+work per token, and requests that arrive together wait for that, not for each other's
+decoding. Requests that find no free row wait in the queue, in order, for the next step
+that frees one.
 
 Free rows decode a dummy token at position 0. That write can never reach a later occupant
 of the row, because of the causal mask (``layers.attention.causal_mask``): a query at
@@ -219,7 +219,7 @@ class Engine:
             self._deliver(q, Event(None, "cancelled"))
 
     def _admit(self) -> None:
-        """Prefill the waiting requests that have free rows, first come first served, in one call."""
+        """Prefill the waiting requests that have free rows, first come first served (prefill_rows)."""
         free = [r for r, row in enumerate(self._rows) if row is None]
         taken: list[Request] = []
         with self._lock:

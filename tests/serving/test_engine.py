@@ -156,6 +156,23 @@ def test_prefill_rows_match_each_prompt_alone_and_leave_other_rows(compiled):
         compiled.prefill_rows([[1], list(range(T + 1))], [0, 1], cache)
 
 
+
+def test_prefill_rows_for_half_the_rows_or_fewer_run_one_row_each(compiled):
+    _, cache = compiled.prefill_rows([PROMPTS[4], PROMPTS[5], PROMPTS[6], PROMPTS[7]], [0, 1, 2, 3], compiled.new_cache(4))
+    before, calls = host(cache), {k: len(v) for k, v in compiled.timings.items()}
+    prompts, rows = [PROMPTS[2], PROMPTS[0]], [1, 3]
+    logits, cache = compiled.prefill_rows(prompts, rows, cache)
+    after = host(cache)
+    made = {k: len(v) - calls.get(k, 0) for k, v in compiled.timings.items()}
+    assert {k: n for k, n in made.items() if n} == {"prefill_row": 2}  # two one-row calls, no batch-4 prefill
+    for prompt, r, got in zip(prompts, rows, logits, strict=True):
+        alone, alone_cache = compiled.prefill(torch.tensor([prompt]))
+        assert torch.equal(got, alone[0])
+        for b, a, one in zip(before, after, host(alone_cache), strict=True):
+            assert np.array_equal(a[r, : len(prompt)], one[0, : len(prompt)])
+    for b, a in zip(before, after, strict=True):
+        assert np.array_equal(a[[0, 2]], b[[0, 2]])  # the rows not named: byte-identical
+
 def test_prefill_row_tp2_pp2(tmp_path):
     model = load_model("toy-llama", tp=2, pp=2)
     manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16)
