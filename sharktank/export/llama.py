@@ -7,8 +7,9 @@ Functions, for each batch size ``B``:
 - ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``;
 - for ``B > 1``, ``prefill_row_bs{B}(tokens[1, S], positions[1, S], row[1], *cache) ->
   (logits[1, S, vocab], *cache)``: one prompt prefilled into batch row ``row`` of the batch-B
-  cache (the row starts afresh: zeros past the prompt), every other row left as it was (continuous batching admits a request into a free
-  row this way). For ``B = 1`` it would be ``prefill_bs1``, so it is not exported.
+  cache (the row starts afresh: zeros past the prompt), every other row left as it was
+  (continuous batching admits a request into a free row this way). For ``B = 1`` it would be
+  ``prefill_bs1``, so it is not exported.
 
 Logits and cache are in the model's dtype; bfloat16 logits are returned as their int16 bits
 (numpy, and so the IREE Python runtime, has no bfloat16), which the runtime reinterprets.
@@ -293,9 +294,9 @@ def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: lis
     ``local-task`` driver, ``hal.fence.await``, at 16 layers or more; ``local-sync`` ran it.)
 
     The row is a runtime value, so with several microbatches the owning one cannot be chosen
-    while tracing: each microbatch prefills its clamped local row along its own
-    path (on its own devices) from its ``index_select``-ed old slice, writes that back unless it
-    holds the row (a ``where``: bit-exact), and the logits are those of the owner."""
+    while tracing: each microbatch prefills its clamped local row along its own path (on its
+    own devices) from its ``index_select``-ed old slice, writes that back unless it holds the
+    row (a ``where``: bit-exact), and the logits are those of the owner."""
     row_on = row_index(row, first_device)
     batch = sum(n for _, n in rows)
     logits, new_entries = None, []

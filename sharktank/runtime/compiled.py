@@ -100,8 +100,9 @@ def _check_file(directory: Path, name: str, sha: str | None, manifest: Path, ver
 class PrefillDecode:
     """``prefill``, ``prefill_row``, ``prefill_rows``, ``decode`` and ``generate``: what ``run``
     and the serving engine call, written once on a subclass's ``forward(kind, tokens,
-    positions, cache, *, batch, row, lengths)``, ``new_cache(batch)`` and ``_cache_batch(cache)``. :class:`CompiledModel`
-    runs them on its devices, ``distributed.DistributedModel`` down a pipeline of hosts.
+    positions, cache, *, batch, row, lengths)``, ``new_cache(batch)`` and
+    ``_cache_batch(cache)``. :class:`CompiledModel` runs them on its devices,
+    ``distributed.DistributedModel`` down a pipeline of hosts.
 
     ``functions``: the exported functions' specs (names ``{kind}_bs{B}``, batch sizes, cache
     length). ``idle()``: called by a driver with nothing to run, often (every few tens of ms):
