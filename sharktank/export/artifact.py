@@ -32,6 +32,7 @@ from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, ExportedWeights, export_llama
 from .program import count_transfers
+from .kernels import kernels_in
 
 __all__ = ["MANIFEST", "export_artifact", "write_program", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
 
@@ -147,7 +148,7 @@ def export_artifact(
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
-    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True)
+    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, block_kernels=target == "cpu")
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
@@ -201,7 +202,8 @@ def write_program(
         "functions": specs,
         "transfers": transfers_per_function(mlir),
         "parameters": {"scope": SCOPE, "files": files},
-        "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None},
+        # Layouts whose hand-written CPU dispatches the program calls (sharktank.export.kernels).
+        "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None, "cpu_kernels": kernels_in(mlir)},
         "export_seconds": round(export_seconds, 3),
         "compile": compile_info,
         "versions": versions(),
@@ -230,6 +232,12 @@ def compile_artifact(
     directory = Path(directory)
     manifest = read_manifest(directory)
     target = target or (manifest["compile"] or {}).get("target", "cpu")
+    kernels = manifest["module"].get("cpu_kernels") or []
+    if kernels and target != "cpu":
+        raise ValueError(
+            f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
+            f"weights, which cannot be compiled for {target}; export it again with --target {target}"
+        )
     progress(f"compiling for {target} ({manifest['device_count']} devices)")
     mlir = (directory / manifest["module"]["mlir"]).read_text()
     if manifest["model"].get("quantized"):

@@ -27,7 +27,7 @@ from .collectives import (
 )
 from .coalesce import BUCKET_BYTES, FIRST_BUCKET_BYTES, all_reduce_coalesced, bucket_sizes, transfer_coalesced
 from .elementwise import add, div, elementwise, mul, sub, to
-from .matrix import linear, matmul
+from .matrix import block_kernels, linear, matmul
 from .index import index_put, index_select
 from .nn import attention_as_matmuls, embedding_lookup, layer_norm, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
@@ -74,6 +74,7 @@ __all__ = [
     "to",
     "matmul",
     "linear",
+    "block_kernels",
     "softmax",
     "rms_norm",
     "layer_norm",

@@ -22,6 +22,10 @@ refused with a :class:`ShardingError` that names both placements and shapes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Callable, Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +35,7 @@ from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
 from .elementwise import add
 
-__all__ = ["matmul", "linear"]
+__all__ = ["matmul", "linear", "block_kernels"]
 
 Operand = torch.Tensor | ShardedTensor
 
@@ -163,10 +167,37 @@ def _block_product(x: torch.Tensor, w) -> bool:
     return rows <= _BLOCK_PRODUCT_ROWS
 
 
+BlockKernel = Callable[[torch.Tensor, QuantizedTensor], "torch.Tensor | None"]
+_BLOCK_KERNEL: contextvars.ContextVar[BlockKernel | None] = contextvars.ContextVar("block_kernels", default=None)
+
+
+@contextlib.contextmanager
+def block_kernels(kernel: BlockKernel | None) -> Iterator[None]:
+    """While active, a traced block product (``x @ w.T`` for a quantized 2-D ``w`` and a
+    static number of rows of ``x`` up to ``_BLOCK_PRODUCT_ROWS``) is ``kernel(x, w)``, or
+    :meth:`QuantizedTensor.product` where it returns None (a layout it has no kernel for).
+
+    Export passes :func:`sharktank.export.kernels.block_product` for the CPU target: its
+    hand-written dispatches read the blocks at about the machine's read bandwidth where
+    IREE's code for the torch form is compute-bound. ``None`` turns kernels off."""
+    token = _BLOCK_KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _BLOCK_KERNEL.reset(token)
+
+
+def _blocks_times(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor:
+    """``x @ w.T`` on ``w``'s blocks: the active block kernel's, else the torch form."""
+    kernel = _BLOCK_KERNEL.get()
+    y = kernel(x, w) if kernel is not None else None
+    return w.product(x) if y is None else y
+
+
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
     if transpose_rhs and _block_product(lhs, rhs):
-        return rhs.product(lhs)
+        return _blocks_times(lhs, rhs)
     rhs = _dense(rhs, lhs)
     return torch.matmul(lhs, rhs.mT if transpose_rhs else rhs)
 
@@ -205,7 +236,7 @@ def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
     accumulate in the half type. The weight stays in its dtype (no float32 copy of it); a
     quantized weight is dequantized to ``x``'s dtype right before the product."""
     if _block_product(x, w):
-        y = w.product(x)
+        y = _blocks_times(x, w)
         return y if b is None else y + b
     w = _dense(w, x)
     if x.dtype in _HALF and x.ndim != 2 and _tracing_tensor(x):
