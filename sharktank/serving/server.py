@@ -138,34 +138,42 @@ class _Generation:
 
     async def pieces(self, client: HttpRequest | None) -> AsyncIterator[tuple[str, list[int], str | None]]:
         """``(text, token ids, finish_reason)`` as tokens arrive (the ids generated since the
-        previous piece; ``finish_reason`` set on the last). With ``client``, polls it and
-        stops (cancelling) when it has disconnected."""
+        previous piece; ``finish_reason`` set on the last). Tokens that queued up while the
+        event loop was busy make one piece: under load each stream sends fewer, longer chunks
+        instead of falling further behind. With ``client``, polls it and stops (cancelling)
+        when it has disconnected."""
         ids: list[int] = []
+        text = ""
         try:
             while True:
                 event = await self._next(client)
-                if event is None:
-                    return
-                if event.finish_reason in ("cancelled", "error"):
-                    self._finished()
-                    why = event.error or ("the request was cancelled (the server is stopping)" if event.finish_reason == "cancelled" else "engine error")
-                    raise ApiError(500, why, type="server_error", code=event.finish_reason)
-                text, stopped = "", False
-                if event.token is not None:
-                    self.completion_tokens += 1
-                    ids.append(event.token)
-                    if event.token not in self.eos:  # an EOS token ends the text, it is not part of it
-                        text, stopped = self.detok.push(event.token)
-                if stopped:
-                    yield text, ids, "stop"
-                    return  # the finally cancels the engine request
-                if event.finish_reason is not None:
-                    self._finished()
-                    yield text + self.detok.finish(), ids, event.finish_reason
-                    return
+                while True:
+                    if event is None:
+                        return
+                    if event.finish_reason in ("cancelled", "error"):
+                        self._finished()
+                        why = event.error or ("the request was cancelled (the server is stopping)" if event.finish_reason == "cancelled" else "engine error")
+                        raise ApiError(500, why, type="server_error", code=event.finish_reason)
+                    stopped = False
+                    if event.token is not None:
+                        self.completion_tokens += 1
+                        ids.append(event.token)
+                        if event.token not in self.eos:  # an EOS token ends the text, it is not part of it
+                            piece, stopped = self.detok.push(event.token)
+                            text += piece
+                    if stopped:
+                        yield text, ids, "stop"
+                        return  # the finally cancels the engine request
+                    if event.finish_reason is not None:
+                        self._finished()
+                        yield text + self.detok.finish(), ids, event.finish_reason
+                        return
+                    if self._queue.empty():
+                        break
+                    event = self._queue.get_nowait()
                 if text:
                     yield text, ids, None
-                    ids = []
+                    ids, text = [], ""
         finally:
             self.close()
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from quantized_models import CONFIG, TOKENS, quantized_theta
-from sharktank.export.artifact import export_artifact
+from sharktank.export.artifact import compile_artifact, export_artifact
+from sharktank.export.kernels import kernels_in
 from sharktank.models import load_model
 from sharktank.runtime import CompiledModel
 from sharktank.models import save_gguf
@@ -58,6 +59,12 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
     ids, _ = compiled.generate(TOKENS[:1], 4)
     assert torch.equal(ids, model.generate(TOKENS[:1], 4))
+    # Decode's Q8_0 products call the hand-written CPU dispatch, so the program is CPU-only.
+    assert ("q8_0" in manifest["module"]["cpu_kernels"]) == (kind == "q8_0")
+    assert kernels_in((out / "model.mlir").read_text()) == manifest["module"]["cpu_kernels"]
+    if manifest["module"]["cpu_kernels"]:
+        with pytest.raises(ValueError, match="hand-written CPU dispatches .*export it again with --target cuda"):
+            compile_artifact(out, target="cuda")
     if kind == "q8_0":
         # Nor at load: IREE would hoist each dequantization into a float32 global computed at
         # initialisation; the compiled flow program must hoist no float tensor at all.
@@ -74,3 +81,4 @@ def test_quantized_model_compiles_for_gpu_targets(q4_k_m_file, tmp_path, target)
     # No GPU here: the dequantize-in-the-product program compiles for both GPU targets.
     manifest = export_artifact(load_model(q4_k_m_file, tp=2, deferred=True), tmp_path / "art", source=str(q4_k_m_file), max_seq_len=16, target=target)
     assert manifest["compile"]["driver"] == target and manifest["module"]["vmfb_size"] > 1000
+    assert manifest["module"]["cpu_kernels"] == []  # GPU programs keep the torch form of the products
