@@ -47,6 +47,8 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     # No full-precision copy of a quantized weight: only the (float32) norms are not blocks.
     assert dense and all("norm" in n for n in dense), sorted(dense)
     assert len(types) - len(dense) >= CONFIG.num_layers * 7 * tp
+    # Decode's products call the hand-written CPU dispatches of every layout in the file.
+    assert manifest["module"]["cpu_kernels"] == {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"]}[kind]
     # The archives hold the file's blocks (replicated tables once per device that holds them).
     stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
     model = load_model(path, tp=tp, pp=pp)

@@ -1,7 +1,8 @@
 """Hand-written CPU dispatches for products with quantized weights (export for ``cpu``).
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
-``x @ w.T`` with a Q8_0 weight becomes one call of :mod:`.q8_0`'s dispatch; other layouts
+``x @ w.T`` with a Q8_0, Q4_K or Q6_K weight becomes one call of that layout's dispatch
+(:mod:`.q8_0`, :mod:`.q4_k`, :mod:`.q6_k`, in the frame of :mod:`.dispatch`); other layouts
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
 form. Imports iree-turbine (the custom op), so only export imports it.
 """
@@ -16,19 +17,24 @@ from ...types import QuantizedTensor
 
 __all__ = ["block_product", "kernels_in", "LAYOUTS"]
 
-LAYOUTS = ("Q8_0",)  # the block layouts that have a kernel
+LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
 _KERNEL_CALL = re.compile(r"@sharktank_(\w+?)_product_\d")
 
 
 def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
     """``x @ w.T`` (``x`` ``[..., K]``, ``w`` quantized ``[N, K]``) as a kernel call, or None
-    where there is no kernel for ``w``'s layout or ``x``'s dtype."""
-    from .custom_op import ELEMENT_TYPES, sharktank_q8_0_product
+    where there is no kernel for ``w``'s layout, ``x``'s dtype or the shape (a generator
+    refuses one whose scratch would not fit a dispatch's stack)."""
+    from .custom_op import ELEMENT_TYPES, GENERATORS, PRODUCTS
 
     if w.layout.name not in LAYOUTS or x.dtype not in ELEMENT_TYPES:
         return None
     n, k = w.shape
-    y = sharktank_q8_0_product(x.reshape(-1, k), w.blocks.view(torch.int8))
+    try:
+        GENERATORS[w.layout.name].module_asm(x.numel() // k, n, k, ELEMENT_TYPES[x.dtype])
+    except ValueError:
+        return None
+    y = PRODUCTS[w.layout.name](x.reshape(-1, k), w.blocks.view(torch.int8))
     return y.reshape(*x.shape[:-1], n)
 
 

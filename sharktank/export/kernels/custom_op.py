@@ -1,4 +1,4 @@
-"""The hand-written block-product dispatches as iree-turbine custom ops.
+"""The hand-written block-product dispatches as iree-turbine custom ops, one per layout.
 
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
 with its ``stream.executable``); eagerly it is the torch block product it replaces, so a
@@ -7,49 +7,80 @@ model with kernels enabled computes the same eagerly as without them.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 from iree.turbine.runtime.op_reg import CustomOp, KernelBuilder, KernelSelection, impl_helper
 from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 
 from ...types.quantized import LAYOUTS, QuantizedTensor
-from . import q8_0
+from . import q4_k, q6_k, q8_0
+
+__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+GENERATORS: dict[str, ModuleType] = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}  # layout -> its MLIR generator
 
 
 class _Generated(TemplateLoader):
-    """Templates that are Python functions of the kernel's shape (see :mod:`.q8_0`)."""
+    """Templates that are Python functions of the kernel's layout and shape."""
 
-    def load_template(self, kb: KernelBuilder, name: str, **kwargs):
-        return self._parse_module_asm(kb, q8_0.module_asm(**kwargs))
+    def load_template(self, kb: KernelBuilder, name: str, *, layout: str, **kwargs):
+        return self._parse_module_asm(kb, GENERATORS[layout].module_asm(**kwargs))
 
 
 _templates = _Generated()
 
 
-@CustomOp.register()
-class sharktank_q8_0_product(CustomOp):
-    """``x [M, K] @ dequantize(blocks).T`` for Q8_0 ``blocks`` ``[N, K/32, 34]`` (int8 view)."""
+class _BlockProduct(CustomOp):
+    """``x [M, K] @ dequantize(blocks).T`` for ``layout`` ``blocks`` ``[N, K/block_size,
+    block_bytes]`` (an int8 view of the stored bytes)."""
 
-    signature = "sharktank_q8_0_product(Tensor x, Tensor blocks) -> (Tensor)"
+    layout: str
 
     def select(self, ksel: KernelSelection):
         x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
-        torch._check(x.t.ndim == 2 and blocks.t.ndim == 3, lambda: f"Q8_0 kernel: expected x [M, K] and blocks [N, K/32, 34], found {list(x.t.shape)} and {list(blocks.t.shape)}")
+        lay = LAYOUTS[self.layout]
+        torch._check(
+            x.t.ndim == 2 and blocks.t.ndim == 3 and blocks.t.shape[-1] == lay.block_bytes and x.t.shape[1] == blocks.t.shape[1] * lay.block_size,
+            lambda: f"{self.layout} kernel: expected x [M, K] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], found {list(x.t.shape)} and {list(blocks.t.shape)}",
+        )
         x.specialize_all_dims()
         blocks.specialize_all_dims()
         out = ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], x.t.dtype)
         out.specialize_all_dims()
 
     def eager_execute(self, x, blocks):
+        lay = LAYOUTS[self.layout]
         n, nb, _ = blocks.shape
-        w = QuantizedTensor(LAYOUTS["Q8_0"], (n, nb * 32), blocks.view(torch.uint8))
-        return w.product(x)
+        return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[1].t
         m, k, n = x.shape[0], x.shape[1], blocks.shape[0]
-        elem = ELEMENT_TYPES[x.dtype]
-        name = q8_0.function_name(m, n, k, elem)
-        func = _templates.inline_template_function(kb, "q8_0", name, m=m, n=n, k=k, elem=elem)
+        elem, gen = ELEMENT_TYPES[x.dtype], GENERATORS[self.layout]
+        name = gen.function_name(m, n, k, elem)
+        func = _templates.inline_template_function(kb, name, name, layout=self.layout, m=m, n=n, k=k, elem=elem)
         kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
+
+
+@CustomOp.register()
+class sharktank_q8_0_product(_BlockProduct):
+    signature = "sharktank_q8_0_product(Tensor x, Tensor blocks) -> (Tensor)"
+    layout = "Q8_0"
+
+
+@CustomOp.register()
+class sharktank_q4_k_product(_BlockProduct):
+    signature = "sharktank_q4_k_product(Tensor x, Tensor blocks) -> (Tensor)"
+    layout = "Q4_K"
+
+
+@CustomOp.register()
+class sharktank_q6_k_product(_BlockProduct):
+    signature = "sharktank_q6_k_product(Tensor x, Tensor blocks) -> (Tensor)"
+    layout = "Q6_K"
+
+
+# The op of each layout with a kernel (``op(x, blocks.view(torch.int8))``).
+PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}

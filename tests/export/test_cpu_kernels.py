@@ -1,0 +1,87 @@
+"""The hand-written CPU block-product kernels (export/kernels: Q8_0, Q4_K, Q6_K), eagerly and
+compiled, against float64 products with the dequantized weight.
+
+One exported program holds every case (one compile): for each layout, x of 1 and 3 rows, in
+float32 and bfloat16, times N = 70 weight rows (a full workgroup of 64 and a remainder of 6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sharktank.export import compile_mlir, export_function
+from sharktank.export.compile import QUANTIZED_FLAGS
+from sharktank.export.kernels import LAYOUTS as KERNEL_LAYOUTS
+from sharktank.export.kernels import block_product, kernels_in
+from sharktank.runtime import Session
+from sharktank.types import LAYOUTS, QuantizedTensor
+
+N, K = 70, 1536  # K: 6 K-quant super-blocks (x of 3 f32 rows takes two passes of 5 and 1), 48 Q8_0 blocks
+CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in (1, 3) for dtype in (torch.float32, torch.bfloat16)]
+_SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 d (and dmin) offsets
+
+
+def _weight(layout: str, seed: int) -> QuantizedTensor:
+    """Random valid blocks: any bytes, except the float16 super-block scales, kept finite."""
+    lay, rng = LAYOUTS[layout], np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(N, K // lay.block_size, lay.block_bytes), dtype=np.uint8)
+    for at in _SCALES[layout]:
+        d = rng.uniform(0.5, 1.0, raw.shape[:2]).astype(np.float16) * np.float16(1e-3)
+        raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return QuantizedTensor(lay, (N, K), torch.from_numpy(raw))
+
+
+WEIGHTS = {layout: _weight(layout, i) for i, layout in enumerate(KERNEL_LAYOUTS)}
+XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in (1, 3)}
+
+
+def _products(*args):
+    """Every case's kernel product (as float32); args: x per row count, then each layout's blocks."""
+    xs = dict(zip(XS, args[: len(XS)]))
+    blocks = dict(zip(KERNEL_LAYOUTS, args[len(XS) :]))
+    return tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
+
+
+def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
+    return XS[m].to(dtype).double() @ WEIGHTS[layout].dequantize().double().T
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    # float32: only the summation order differs. bfloat16: x is rounded to bfloat16 in both,
+    # accumulation is float32, and the result is rounded to bfloat16 (8 significant bits):
+    # at most 2^-8 of each value, plus the float32 error.
+    scale = want.abs().max()
+    bound = 1e-5 * scale + (2.0**-8 * want.abs() if dtype == torch.bfloat16 else 0)
+    err = (got.double() - want).abs()
+    assert bool((err <= bound).all()), f"max |error| / max |y| = {(err.max() / scale).item():.3g}"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    args = (*XS.values(), *(w.blocks for w in WEIGHTS.values()))
+    mlir = str(export_function(_products, args).mlir_module)
+    session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
+    results = session.call("main", [a.numpy() for a in args], [0] * len(args))
+    return mlir, dict(zip(CASES, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
+
+
+def test_every_kernel_layout_is_called_in_the_export(compiled):
+    mlir, _ = compiled
+    assert kernels_in(mlir) == sorted(name.lower() for name in KERNEL_LAYOUTS)
+
+
+@pytest.mark.parametrize("layout, m, dtype", CASES, ids=[f"{lay}-m{m}-{str(d)[6:]}" for lay, m, d in CASES])
+def test_kernel_matches_dequantized_product(compiled, layout, m, dtype):
+    _, results = compiled
+    want = _reference(layout, m, dtype)
+    _check(results[(layout, m, dtype)], want, dtype)
+    _check(block_product(XS[m].to(dtype), WEIGHTS[layout]).float(), want, dtype)  # eager: the torch form
+
+
+def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():
+    # Q4_K keeps x's sums per 32 columns on the stack: 8 rows of 32768 need 32 KiB, more than
+    # IREE lets a CPU dispatch hold, so the product stays the torch form (None).
+    w = QuantizedTensor(LAYOUTS["Q4_K"], (4, 32768), torch.zeros(4, 128, 144, dtype=torch.uint8))
+    assert block_product(torch.randn(8, 32768), w) is None
+    assert block_product(torch.randn(1, 32768), w) is not None
