@@ -61,8 +61,7 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
     ids, _ = compiled.generate(TOKENS[:1], 4)
     assert torch.equal(ids, model.generate(TOKENS[:1], 4))
-    # Decode's Q8_0 products call the hand-written CPU dispatch, so the program is CPU-only.
-    assert ("q8_0" in manifest["module"]["cpu_kernels"]) == (kind == "q8_0")
+    # Those dispatches make the program CPU-only.
     assert kernels_in((out / "model.mlir").read_text()) == manifest["module"]["cpu_kernels"]
     if manifest["module"]["cpu_kernels"]:
         with pytest.raises(ValueError, match="hand-written CPU dispatches .*export it again with --target cuda"):
