@@ -15,7 +15,7 @@ import torch
 
 from ...types import QuantizedTensor
 
-__all__ = ["block_product", "kernels_for", "kernels_in", "LAYOUTS"]
+__all__ = ["block_product", "kernels_in", "LAYOUTS"]
 
 LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
 _KERNEL_CALL = re.compile(r"@sharktank_(\w+?)_product_\d")
@@ -36,12 +36,6 @@ def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
         return None
     y = PRODUCTS[w.layout.name](x.reshape(-1, k), w.blocks.view(torch.int8))
     return y.reshape(*x.shape[:-1], n)
-
-
-def kernels_for(target: str, target_arch: str | None) -> bool:
-    """Whether an export for ``target`` (and ``target_arch``) uses the kernels: for the CPU
-    compiled for this host (the default), whose features the generators assume."""
-    return target == "cpu" and (target_arch or "host") == "host"
 
 
 def kernels_in(mlir: str) -> list[str]:

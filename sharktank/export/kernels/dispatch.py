@@ -28,28 +28,6 @@ X_CHUNK_BYTES = 16384  # the most bytes of x a workgroup's rows read per pass ov
 STACK_BYTES = 28 * 1024
 
 
-def _host_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split(":", 1)[1].split() for line in f)
-    except OSError:
-        return False
-
-
-# Kernels are compiled for this host's CPU (``--iree-llvmcpu-target-cpu=host``, the cpu
-# target's default; export turns kernels off for another --target-arch): with avx512_bf16
-# the K-quant kernels take bfloat16 x into ``vdpbf16ps`` (:func:`bf16_dot`).
-HOST_BF16_DOT = _host_has("avx512_bf16")
-
-
-def bf16_dot(lanes_in: str, a: str, b: str, acc: str = "%dz") -> str:
-    """``vdpbf16ps``: ``acc`` (vector<16xf32>) plus the sums of pairs of products of the 32
-    bfloat16 ``a`` and ``b`` (lane i: ``a[2i]*b[2i] + a[2i+1]*b[2i+1]``), as an LLVM intrinsic
-    call (MLIR's x86vector dialect is not in IREE's compiler)."""
-    return (f'{lanes_in} = llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({acc}, {a}, {b}) : '
-            "(vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>")
-
-
 @dataclass(frozen=True)
 class Kernel:
     """A layout's block geometry and how its workgroups tile the rows."""

@@ -17,12 +17,6 @@ on one thread). Tried: forming the values first (``q * d*sc_j - dmin*m_j``, then
 fma per row) 0.74 ms at M=1 (1.28 ms on one thread), the same at M=8; nibbles split in
 bytes before widening 0.59 ms (1.04); 16 or 128 rows a workgroup 0.64 / 0.58 ms; 2 or 4
 accumulator chains no change.
-
-With bfloat16 ``x`` on a CPU with avx512_bf16 (:data:`dispatch.HOST_BF16_DOT`) the sums go
-through ``vdpbf16ps`` instead (:func:`_dot_body`): M=1 0.66-0.79 ms against 0.94-1.17 ms for
-the float32 form with the same bfloat16 x, M=8 2.2-4.1 ms against 3.9-4.9 (one run of 9
-rounds, quiet machine; bf16 dense 0.99-1.44 / 1.18-2.22 ms). Its scale decoding costs about
-0.13 ms of that (0.61 ms with constant scales).
 """
 
 from __future__ import annotations
@@ -144,57 +138,11 @@ def _body(block: dispatch.Block) -> str:
     return "\n".join([_scales(block), *_sub_blocks(block), *_scaled_sums(block)])
 
 
-def _dot_body(block: dispatch.Block) -> str:
-    """bfloat16 ``x`` on a CPU with avx512_bf16: each nibble ``q`` becomes the bfloat16 ``128 + q``
-    by or-ing its bits under ``0x4300`` (exact: 8 significant bits), and ``vdpbf16ps`` adds 32
-    products ``x * (128 + q)`` into 16 float32 lanes (exact products, float32 sums). The 128s
-    come back out with the mins: sub-block j adds ``d*sc_j * dot_j + (-dmin*m_j - 128*d*sc_j) *
-    sum(x_j)``."""
-    block.prologue = _x_sums(block)
-    offsets = block.add_accumulator("vector<8xf32>")
-    xs_t = f"memref<{block.m}x{block.k // 32}xf32>"
-    v32, h32 = "vector<32xi8>", "vector<32xi16>"
-    lines = [
-        _scales(block),
-        "%k128 = arith.constant dense<128.0> : vector<8xf32>",
-        "%s128 = arith.mulf %s, %k128 : vector<8xf32>",
-        "%o128 = arith.subf %o, %s128 : vector<8xf32>",
-        f"%b15 = arith.constant dense<15> : {v32}",
-        f"%b4 = arith.constant dense<4> : {v32}",
-        f"%bias = arith.constant dense<17152> : {h32}",  # 0x4300: the bfloat16 128.0
-        "%dz = arith.constant dense<0.0> : vector<16xf32>",
-        "%c8 = arith.constant 8 : index",
-        "%b8 = arith.muli %b, %c8 : index",
-    ]
-    for i in range(block.m):
-        lines += [f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {xs_t}, vector<8xf32>", block.fma(i, "%o128", f"%xs8_{i}", offsets, "m")]
-    for p in range(4):  # run p: sub-blocks 2p (low nibbles) and 2p+1 (high nibbles)
-        lines.append(block.byte(16 + 32 * p, 32, f"q{p}"))
-        for j, op in ((2 * p, "andi"), (2 * p + 1, "shrui")):
-            lines += [
-                f"%n{j} = arith.{op} %q{p}, {'%b15' if op == 'andi' else '%b4'} : {v32}",
-                f"%h{j} = arith.extui %n{j} : {v32} to {h32}",
-                f"%hb{j} = arith.ori %h{j}, %bias : {h32}",
-                f"%qb{j} = vector.bitcast %hb{j} : {h32} to vector<32xbf16>",
-            ]
-    for j in range(8):
-        lines += [f"%s{j} = vector.extract %s[{j}] : f32 from vector<8xf32>", f"%sv{j} = vector.broadcast %s{j} : f32 to vector<16xf32>"]
-        for i in range(block.m):
-            lines += [
-                f"%xj{j}_{i}_at = arith.constant {32 * j} : index",
-                f"%xj{j}_{i}_col = arith.addi %k, %xj{j}_{i}_at : index",
-                f"%xj{j}_{i} = vector.load %x[%r{i}, %xj{j}_{i}_col] : {block.x_t}, vector<32xbf16>",
-                dispatch.bf16_dot(f"%d{j}_{i}", f"%qb{j}", f"%xj{j}_{i}"),
-                block.fma(i, f"%d{j}_{i}", f"%sv{j}", tag=f"g{j}"),
-            ]
-    return "\n".join(lines)
-
-
 def function_name(m: int, n: int, k: int, elem: str) -> str:
     return KERNEL.function_name(m, n, k, elem)
 
 
-def module_asm(m: int, n: int, k: int, elem: str, bf16_dot: bool = dispatch.HOST_BF16_DOT) -> str:
+def module_asm(m: int, n: int, k: int, elem: str) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/256 x 144 x i8>) -> tensor<m x n x elem>`` and the dispatch it calls."""
-    return dispatch.module_asm(KERNEL, m, n, k, elem, _dot_body if elem == "bf16" and bf16_dot else _body)
+    return dispatch.module_asm(KERNEL, m, n, k, elem, _body)
