@@ -226,15 +226,17 @@ def compile_artifact(
     extra_flags: tuple[str, ...] = (),
     progress: Callable[[str], None] = lambda msg: None,
 ) -> dict:
-    """(Re)compile an artifact's ``model.mlir`` in place; returns the updated manifest."""
-    from ..runtime.compiled import read_manifest
+    """(Re)compile an artifact's ``model.mlir`` in place; returns the updated manifest. A
+    program that calls CPU kernels (``module.cpu_kernels``) compiles only for ``cpu``
+    (:class:`~sharktank.runtime.ArtifactError` for another target)."""
+    from ..runtime.compiled import ArtifactError, read_manifest
 
     directory = Path(directory)
     manifest = read_manifest(directory)
     target = target or (manifest["compile"] or {}).get("target", "cpu")
     kernels = manifest["module"].get("cpu_kernels") or []
     if kernels and target != "cpu":
-        raise ValueError(
+        raise ArtifactError(
             f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
             f"weights, which cannot be compiled for {target}; export it again with --target {target}"
         )
