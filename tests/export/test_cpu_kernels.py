@@ -14,6 +14,7 @@ from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export.kernels import LAYOUTS as KERNEL_LAYOUTS
 from sharktank.export.kernels import block_product, kernels_in
+from sharktank.export.kernels.custom_op import PRODUCTS
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
@@ -40,7 +41,10 @@ def _products(*args):
     """Every case's kernel product (as float32); args: x per row count, then each layout's blocks."""
     xs = dict(zip(XS, args[: len(XS)]))
     blocks = dict(zip(KERNEL_LAYOUTS, args[len(XS) :]))
-    return tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
+    through = tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
+    # block_product hands the kernels float32 x; the generators also take bfloat16 x directly.
+    direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8)).float() for layout in KERNEL_LAYOUTS)
+    return through + direct
 
 
 def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
@@ -63,7 +67,8 @@ def compiled():
     mlir = str(export_function(_products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
-    return mlir, dict(zip(CASES, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
+    keys = CASES + [(layout, 3, "bf16 kernel") for layout in KERNEL_LAYOUTS]
+    return mlir, dict(zip(keys, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
 
 
 def test_every_kernel_layout_is_called_in_the_export(compiled):
@@ -77,6 +82,13 @@ def test_kernel_matches_dequantized_product(compiled, layout, m, dtype):
     want = _reference(layout, m, dtype)
     _check(results[(layout, m, dtype)], want, dtype)
     _check(block_product(XS[m].to(dtype), WEIGHTS[layout]).float(), want, dtype)  # eager: the torch form
+
+
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
+def test_kernel_with_bfloat16_x_matches_dequantized_product(compiled, layout):
+    mlir, results = compiled
+    assert f"sharktank_{layout.lower()}_product_3x{N}x{K}_bf16" in mlir
+    _check(results[(layout, 3, "bf16 kernel")], _reference(layout, 3, torch.bfloat16), torch.bfloat16)
 
 
 def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():
