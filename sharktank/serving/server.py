@@ -146,10 +146,10 @@ class _Generation:
         text = ""
         try:
             while True:
-                event = await self._next(client)
-                while True:
-                    if event is None:
-                        return
+                first = await self._next(client)
+                if first is None:
+                    return
+                for event in self._with_queued(first):
                     if event.finish_reason in ("cancelled", "error"):
                         self._finished()
                         why = event.error or ("the request was cancelled (the server is stopping)" if event.finish_reason == "cancelled" else "engine error")
@@ -168,14 +168,17 @@ class _Generation:
                         self._finished()
                         yield text + self.detok.finish(), ids, event.finish_reason
                         return
-                    if self._queue.empty():
-                        break
-                    event = self._queue.get_nowait()
                 if text:
                     yield text, ids, None
                     ids, text = [], ""
         finally:
             self.close()
+
+    def _with_queued(self, first):
+        """``first``, then the events already waiting on the queue (taken without waiting)."""
+        yield first
+        while not self._queue.empty():
+            yield self._queue.get_nowait()
 
     async def _next(self, client: HttpRequest | None):
         if client is None:

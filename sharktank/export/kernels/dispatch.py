@@ -18,6 +18,7 @@ in one buffer, and a plain identity memref would read from the buffer's start (a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -104,6 +105,8 @@ def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line for line in text.splitlines())
 
 
+# Cached: block_product builds a shape's module to see that it fits before the custom op builds it.
+@functools.cache
 def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable[[Block], str]) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x elem>`` and its dispatch,
