@@ -2,7 +2,10 @@
 compiled, against float64 products with the dequantized weight.
 
 One exported program holds every case (one compile): for each layout, x of 1 and 3 rows, in
-float32 and bfloat16, times N = 70 weight rows (a full workgroup of 64 and a remainder of 6)."""
+float32 and bfloat16, times N = 70 weight rows (a full workgroup of 64 and a remainder of 6).
+One float32 row of x (K = 4608: 18 KiB) is more than ``dispatch.X_CHUNK_BYTES``, so with one
+row the weight rows go ``rows_at_once`` at a time, the last tile having fewer rows than one
+part of it; three rows of x go in passes of 5, 5, 5 and 3 super-blocks."""
 
 from __future__ import annotations
 
@@ -13,12 +16,12 @@ import torch
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export.kernels import LAYOUTS as KERNEL_LAYOUTS
-from sharktank.export.kernels import block_product, kernels_in
+from sharktank.export.kernels import block_product, dispatch, kernels_in
 from sharktank.export.kernels.custom_op import PRODUCTS
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
-N, K = 70, 1536  # K: 6 K-quant super-blocks (x of 3 f32 rows takes two passes of 5 and 1), 48 Q8_0 blocks
+N, K = 70, 4608  # K: 18 K-quant super-blocks, 144 Q8_0 blocks
 CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in (1, 3) for dtype in (torch.float32, torch.bfloat16)]
 _SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 d (and dmin) offsets
 
@@ -69,6 +72,18 @@ def compiled():
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
     keys = CASES + [(layout, 3, "bf16 kernel") for layout in KERNEL_LAYOUTS]
     return mlir, dict(zip(keys, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
+
+
+def test_one_row_of_x_goes_with_several_weight_rows_at_once():
+    # The cases above take the rows_at_once path with one row of x and the plain one with three.
+    from sharktank.export.kernels.custom_op import GENERATORS
+
+    assert K * 4 > dispatch.X_CHUNK_BYTES
+    for layout in KERNEL_LAYOUTS:
+        gen = GENERATORS[layout]
+        assert gen.KERNEL.rows_at_once > 1
+        assert f"%row{gen.KERNEL.rows_at_once - 1} = " in gen.module_asm(1, N, K, "f32")
+        assert "%row1 = " not in gen.module_asm(3, N, K, "f32")
 
 
 def test_every_kernel_layout_is_called_in_the_export(compiled):

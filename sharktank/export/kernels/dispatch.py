@@ -9,8 +9,12 @@ Where ``x`` is larger than :data:`X_CHUNK_BYTES` (8 rows of 2048 float32 are 64 
 rows walk their blocks in passes over that much of ``x``, so that it stays in L1 while the
 tile's rows read it; each pass's sums are added to the rows' results. An 8192x2048 Q4_K
 product with 8 rows took 2.4-2.9 ms so against 3.1-3.2 ms in one pass. A single row of
-``x`` always goes in one pass (it is read from L2 where it does not fit L1, which costs less
-than breaking up the weight rows' streams).
+``x`` always goes in one pass, and where it is larger than that (ffn_down's K=8192: 32 KiB,
+all of a Zen4 core's L1) a kernel's ``rows_at_once`` weight rows walk their blocks side by
+side, each load of ``x`` serving all of them: with the weights read from memory (8 weights
+of 2048x8192 in turn, interleaved rounds), Q8_0 took 0.82 ms a product with 4 rows at once
+against 1.31 ms, Q4_K 0.74 against 0.96 ms and Q6_K 1.14 against 1.35 ms with 2. With
+K=2048 it made no difference, and with 8 rows of x it was slower.
 
 Bindings are memrefs with ``offset: ?`` strided layouts: stream packs bindings at offsets
 in one buffer, and a plain identity memref would read from the buffer's start (a segfault).
@@ -19,12 +23,14 @@ in one buffer, and a plain identity memref would read from the buffer's start (a
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["Block", "Kernel", "module_asm"]
 
 ELEMENTS = ("f32", "bf16", "f16")
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 X_CHUNK_BYTES = 16384  # the most bytes of x a workgroup's rows read per pass over their blocks
 # Scratch (memref.alloca) a dispatch may hold: IREE's CPU backend refuses more than 32 KiB
 # of stack per function ("exceeded stack allocation limit"); some margin for its own.
@@ -40,6 +46,13 @@ class Kernel:
     block_bytes: int
     rows_per_workgroup: int
     width: int = 32  # lanes of an accumulator
+    # Weight rows whose block loops run side by side (sharing x's loads) where one row of x is
+    # more than X_CHUNK_BYTES, which each weight row would otherwise read from L2.
+    rows_at_once: int = 1
+
+    def __post_init__(self):
+        if self.rows_per_workgroup % self.rows_at_once:
+            raise ValueError(f"{self.layout}: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of rows_at_once {self.rows_at_once}")
 
     def function_name(self, m: int, n: int, k: int, elem: str) -> str:
         return f"sharktank_{self.layout}_product_{m}x{n}x{k}_{elem}"
@@ -58,13 +71,14 @@ class Block:
         self.prologue = ""
         self.scratch_bytes = 0
 
-    def scratch(self, name: str, shape: tuple[int, ...]) -> str:
-        """``name = `` a float32 stack buffer of ``shape`` (counted against :data:`STACK_BYTES`)."""
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: str = "f32") -> str:
+        """``name = `` a stack buffer of ``shape`` (``f32`` or ``i8``; counted against
+        :data:`STACK_BYTES`)."""
         count = 1
         for d in shape:
             count *= d
-        self.scratch_bytes += 4 * count
-        return f"{name} = memref.alloca() : memref<{'x'.join(map(str, shape))}xf32>"
+        self.scratch_bytes += {"f32": 4, "i8": 1}[dtype] * count
+        return f"{name} = memref.alloca() : memref<{'x'.join(map(str, shape))}x{dtype}>"
 
     def add_accumulator(self, type_: str) -> int:
         """A further float32 vector accumulator per row (summed into the row's result); its slot."""
@@ -101,6 +115,22 @@ class Block:
         return "\n".join(lines)
 
 
+_DEFINED = re.compile(r"^\s*(%[A-Za-z_]\w*)(?::\d+)?\s*=", re.MULTILINE)
+_NAME = re.compile(r"%[A-Za-z_]\w*")
+
+
+def _row_copy(body: str, block: Block, r: int) -> tuple[str, list[str]]:
+    """The block loop's body for weight row ``%row{r}`` of the rows that go at once: every
+    value it defines and the accumulators it starts from get the suffix ``_r{r}`` (loads of
+    ``x`` are then the same in every copy, and the compiler reads them once); also the
+    names of the copy's accumulators at its end, per row of ``x`` and slot."""
+    rename = {name: f"{name}_r{r}" for name in _DEFINED.findall(body)}
+    rename.update({name: f"{name}_r{r}" for row in range(block.m) for name in (f"%a{row}_{c}" for c in range(len(block.types)))})
+    rename["%row"] = f"%row{r}"
+    text = _NAME.sub(lambda match: rename.get(match.group(0), match.group(0)), body)
+    return text, [rename.get(name, name) for names in block.current for name in names]
+
+
 def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line for line in text.splitlines())
 
@@ -125,23 +155,28 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     sums = block.scratch("%sums", (t, m))  # each tile row's result so far
     if block.scratch_bytes > STACK_BYTES:
         raise ValueError(f"{what}: x [{m}, {k}] needs {block.scratch_bytes} bytes of scratch, more than the {STACK_BYTES} a dispatch may hold")
-    rows, slots = range(m), range(len(block.types))
+    together = kernel.rows_at_once if m == 1 and k * _BYTES[elem] > X_CHUNK_BYTES else 1
+    rows, slots, copies = range(m), range(len(block.types)), range(together)
+    bodies, finals = zip(*(_row_copy(loop_body, block, r) for r in copies))
     consts = "\n".join(f"      %r{i} = arith.constant {i} : index" for i in rows)
+    consts += "".join(f"\n      %cr{r} = arith.constant {r * (t // together)} : index" for r in copies)
     zeros = "\n".join(f"      %zero{c} = arith.constant dense<0.0> : {block.types[c]}" for c in slots)
-    inits = ", ".join(f"%a{i}_{c} = %zero{c}" for i in rows for c in slots)
-    types = ", ".join(block.types[c] for _ in rows for c in slots)
-    yields = ", ".join(name for row in block.current for name in row)
+    inits = ", ".join(f"%a{i}_{c}_r{r} = %zero{c}" for r in copies for i in rows for c in slots)
+    types = ", ".join(block.types[c] for _ in copies for _ in rows for c in slots)
+    yields = ", ".join(name for names in finals for name in names)
 
     sc_t = f"memref<{t}x{m}xf32>"
 
-    def add_chunk(i: int) -> str:
+    def add_chunk(r: int, i: int) -> str:
         lines, total = [], None
         for c in slots:
-            lines.append(f"%s{i}_{c} = vector.reduction <add>, %acc#{i * len(slots) + c} : {block.types[c]} into f32")
+            s = f"%s{i}_{c}_r{r}"
+            lines.append(f"{s} = vector.reduction <add>, %acc#{(r * m + i) * len(slots) + c} : {block.types[c]} into f32")
             if total is not None:
-                lines.append(f"%s{i}_{c}t = arith.addf {total}, %s{i}_{c} : f32")
-            total = f"%s{i}_{c}" + ("t" if total is not None else "")
-        lines += [f"%old{i} = memref.load %sums[%i, %r{i}] : {sc_t}", f"%new{i} = arith.addf %old{i}, {total} : f32", f"memref.store %new{i}, %sums[%i, %r{i}] : {sc_t}"]
+                lines.append(f"{s}t = arith.addf {total}, {s} : f32")
+            total = s + ("t" if total is not None else "")
+        at = f"%sums[%i{r}, %r{i}]"
+        lines += [f"%old{i}_r{r} = memref.load {at} : {sc_t}", f"%new{i}_r{r} = arith.addf %old{i}_r{r}, {total} : f32", f"memref.store %new{i}_r{r}, {at} : {sc_t}"]
         return "\n".join(lines)
 
     def store(i: int) -> str:
@@ -151,13 +186,22 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
             total = f"%t{i}"
         return "\n".join([*lines, f"memref.store {total}, %y[%r{i}, %row] : {y_t}"])
 
+    # The tile's rows go rows_at_once at a time, copy r taking the r-th of as many equal
+    # parts of the tile, so that each copy's weight rows are one stream: rows next to each
+    # other made short streams (each weight row's few KiB), and 8192x2048 products 2x slower.
+    # Where the last tile has fewer rows, a copy past them reads the last row again (its sums
+    # land in scratch rows no store reads).
+    tile_rows = []
+    for r in copies:
+        tile_rows += [f"%i{r} = arith.addi %i, %cr{r} : index", f"%row{r}_at = arith.addi %first, %i{r} : index", f"%row{r} = arith.minsi %row{r}_at, %clast : index"]
     # Rows of x are read once per weight row: in chunks of blocks whose x fits in L1 (each
     # weight row's partial sums kept in %sums), not all of K, when x is large (M=8: 64 KiB).
     # One row of x goes in one pass: a 2048x8192 Q8_0 product took 1.02 ms so against 1.25 ms
     # in passes of 16 KiB (interleaved rounds), the weight rows then read in one stream each.
-    chunk = nb if m == 1 else max(1, X_CHUNK_BYTES // (m * kernel.block_size * (4 if elem == "f32" else 2)))
+    chunk = nb if m == 1 else max(1, X_CHUNK_BYTES // (m * kernel.block_size * _BYTES[elem]))
     zero_sums = _indent("\n".join(f"memref.store %fz, %sums[%i, %r{i}] : {sc_t}" for i in rows), 8)
-    add_chunks = _indent("\n".join(add_chunk(i) for i in rows), 10)
+    add_chunks = _indent("\n".join(add_chunk(r, i) for r in copies for i in rows), 10)
+    row_lines = _indent("\n".join(tile_rows), 10)
     stores = _indent("\n".join(store(i) for i in rows), 8)
     x_tensor, w_tensor, y_tensor = f"tensor<{m}x{k}x{elem}>", f"tensor<{n}x{nb}x{nbytes}xi8>", f"tensor<{m}x{n}x{elem}>"
     return f"""module {{
@@ -174,6 +218,8 @@ stream.executable private @{name}_exe {{
       %cbs = arith.constant {kernel.block_size} : index
       %cn = arith.constant {n} : index
       %ct = arith.constant {t} : index
+      %clast = arith.constant {n - 1} : index
+      %cpart = arith.constant {t // together} : index
       %cnb = arith.constant {nb} : index
 {consts}
 {zeros}
@@ -184,6 +230,7 @@ stream.executable private @{name}_exe {{
       %first = arith.muli %wg, %ct : index
       %left = arith.subi %cn, %first : index
       %count = arith.minsi %ct, %left : index
+      %parts = arith.minsi %count, %cpart : index
 {_indent(block.prologue, 6)}
       {sums}
       %fz = arith.constant 0.0 : f32
@@ -194,11 +241,11 @@ stream.executable private @{name}_exe {{
       scf.for %b0 = %c0 to %cnb step %cchunk {{
         %b0e = arith.addi %b0, %cchunk : index
         %b1 = arith.minsi %b0e, %cnb : index
-        scf.for %i = %c0 to %count step %c1 {{
-          %row = arith.addi %first, %i : index
-          %acc:{m * len(block.types)} = scf.for %b = %b0 to %b1 step %c1 iter_args({inits}) -> ({types}) {{
+        scf.for %i = %c0 to %parts step %c1 {{
+{row_lines}
+          %acc:{m * len(block.types) * together} = scf.for %b = %b0 to %b1 step %c1 iter_args({inits}) -> ({types}) {{
             %k = arith.muli %b, %cbs : index
-{_indent(loop_body, 12)}
+{_indent(chr(10).join(bodies), 12)}
             scf.yield {yields} : {types}
           }}
 {add_chunks}

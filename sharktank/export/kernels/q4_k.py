@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import dispatch
 
-KERNEL = dispatch.Kernel("q4_k", block_size=256, block_bytes=144, rows_per_workgroup=64, width=16)
+KERNEL = dispatch.Kernel("q4_k", block_size=256, block_bytes=144, rows_per_workgroup=64, width=16, rows_at_once=2)
 
 
 def _scales(block: dispatch.Block) -> str:
