@@ -32,7 +32,7 @@ from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, ExportedWeights, export_llama
 from .program import count_transfers
-from .kernels import kernels_in
+from .kernels import kernels_for, kernels_in
 
 __all__ = ["MANIFEST", "export_artifact", "write_program", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
 
@@ -148,7 +148,7 @@ def export_artifact(
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
-    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, block_kernels=target == "cpu")
+    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, block_kernels=kernels_for(target, target_arch))
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
@@ -227,8 +227,8 @@ def compile_artifact(
     progress: Callable[[str], None] = lambda msg: None,
 ) -> dict:
     """(Re)compile an artifact's ``model.mlir`` in place; returns the updated manifest. A
-    program that calls CPU kernels (``module.cpu_kernels``) compiles only for ``cpu``
-    (:class:`~sharktank.runtime.ArtifactError` for another target)."""
+    program that calls CPU kernels (``module.cpu_kernels``) compiles only for ``cpu`` and this
+    host's CPU (:class:`~sharktank.runtime.ArtifactError` for another target or arch)."""
     from ..runtime.compiled import ArtifactError, read_manifest
 
     directory = Path(directory)
@@ -239,6 +239,11 @@ def compile_artifact(
         raise ArtifactError(
             f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
             f"weights, which cannot be compiled for {target}; export it again with --target {target}"
+        )
+    if kernels and (target_arch or "host") != "host":
+        raise ArtifactError(
+            f"{directory} was exported for this host's CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
+            f"weights, written for this CPU's instructions; export it again with --target-arch {target_arch} to compile for {target_arch}"
         )
     progress(f"compiling for {target} ({manifest['device_count']} devices)")
     mlir = (directory / manifest["module"]["mlir"]).read_text()

@@ -45,6 +45,7 @@ from ..types import ReplicatedTensor, ShardedTensor
 from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
 from .llama import cache_arg_specs, import_programs, lift_weights, row_index, row_slices, trace_program
+from .kernels import kernels_for
 from .program import arg_devices
 
 __all__ = ["HOSTS_FORMAT", "host_dir", "host_plan", "export_hosts"]
@@ -187,7 +188,7 @@ def export_hosts(
             stages = plan.stages_of_host(h)
             progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
             t1 = time.perf_counter()
-            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, block_kernels=target == "cpu")
+            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, block_kernels=kernels_for(target, target_arch))
             sub = tmp / host_dir(h)
             sub.mkdir()
             role = {"host": h, "hosts": hosts, "stages": list(stages), "first": h == 0, "last": h == hosts - 1}

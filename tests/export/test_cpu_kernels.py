@@ -1,5 +1,6 @@
 """The hand-written CPU block-product kernels (export/kernels: Q8_0, Q4_K, Q6_K), eagerly and
-compiled, against float64 products with the dequantized weight.
+compiled, against float64 products with the dequantized weight (and, for the kernels that
+take x as 16-bit integers, with the x they multiply by: int16_x.dequantized).
 
 One exported program holds every case (one compile): for each layout, x of 1 and 3 rows, in
 float32 and bfloat16, times N = 70 weight rows (a full workgroup of 64 and a remainder of 6).
@@ -16,8 +17,8 @@ import torch
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export.kernels import LAYOUTS as KERNEL_LAYOUTS
-from sharktank.export.kernels import block_product, dispatch, kernels_in
-from sharktank.export.kernels.custom_op import PRODUCTS
+from sharktank.export.kernels import block_product, dispatch, int16_x, kernels_in
+from sharktank.export.kernels.custom_op import GENERATORS, PRODUCTS
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
@@ -45,13 +46,21 @@ def _products(*args):
     xs = dict(zip(XS, args[: len(XS)]))
     blocks = dict(zip(KERNEL_LAYOUTS, args[len(XS) :]))
     through = tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
-    # block_product hands the kernels float32 x; the generators also take bfloat16 x directly.
-    direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8)).float() for layout in KERNEL_LAYOUTS)
+    # block_product hands the float kernels float32 x; they also take bfloat16 x directly.
+    direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8)).float() for layout in FLOAT_X)
     return through + direct
 
 
+FLOAT_X = [layout for layout in KERNEL_LAYOUTS if "bf16" in GENERATORS[layout].ELEMENTS]
+INT16_X = [layout for layout in KERNEL_LAYOUTS if GENERATORS[layout].ELEMENTS == ("i16",)]
+
+
 def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
-    return XS[m].to(dtype).double() @ WEIGHTS[layout].dequantize().double().T
+    x = XS[m].to(dtype)
+    if layout in INT16_X:  # the x these kernels multiply by
+        order = GENERATORS[layout].X_ORDER
+        x = int16_x.dequantized(*int16_x.quantize(x, order)[:2], order)
+    return x.double() @ WEIGHTS[layout].dequantize().double().T
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -70,16 +79,14 @@ def compiled():
     mlir = str(export_function(_products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
-    keys = CASES + [(layout, 3, "bf16 kernel") for layout in KERNEL_LAYOUTS]
+    keys = CASES + [(layout, 3, "bf16 kernel") for layout in FLOAT_X]
     return mlir, dict(zip(keys, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
 
 
 def test_one_row_of_x_goes_with_several_weight_rows_at_once():
-    # The cases above take the rows_at_once path with one row of x and the plain one with three.
-    from sharktank.export.kernels.custom_op import GENERATORS
-
+    # The float-x cases above take the rows_at_once path with one row of x, not with three.
     assert K * 4 > dispatch.X_CHUNK_BYTES
-    for layout in KERNEL_LAYOUTS:
+    for layout in FLOAT_X:
         gen = GENERATORS[layout]
         assert gen.KERNEL.rows_at_once > 1
         assert f"%row{gen.KERNEL.rows_at_once - 1} = " in gen.module_asm(1, N, K, "f32")
@@ -99,16 +106,41 @@ def test_kernel_matches_dequantized_product(compiled, layout, m, dtype):
     _check(block_product(XS[m].to(dtype), WEIGHTS[layout]).float(), want, dtype)  # eager: the torch form
 
 
-@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
+@pytest.mark.parametrize("layout", FLOAT_X)
 def test_kernel_with_bfloat16_x_matches_dequantized_product(compiled, layout):
     mlir, results = compiled
     assert f"sharktank_{layout.lower()}_product_3x{N}x{K}_bf16" in mlir
     _check(results[(layout, 3, "bf16 kernel")], _reference(layout, 3, torch.bfloat16), torch.bfloat16)
 
 
+@pytest.mark.parametrize("order", [tuple(range(8)), (0, 2, 1, 3, 4, 6, 5, 7), (7, 6, 5, 4, 3, 2, 1, 0)])
+def test_int16_x_is_within_half_a_step_of_x_and_its_sums_are_of_its_values(order):
+    assert INT16_X, "no kernel takes int16 x"
+    x = torch.cat([XS[3], torch.zeros(1, K)])  # a row of zeros: scale 0, values 0
+    x[0, 5] = 1e4  # a large value: its group's other values get coarser steps
+    planes, scales, sums = int16_x.quantize(x, order)
+    assert planes.dtype == torch.int8 and planes.shape == (4, 2 * K)
+    high = planes.reshape(4, K // 256, 2, 256)[:, :, 0]
+    assert int(high.abs().max()) == 127  # each group's largest value: +-LIMIT = 127 * 256 + 127
+    x_hat = int16_x.dequantized(planes, scales, order)
+    step = scales.repeat_interleave(dispatch.GROUP, dim=1)
+    # Half a step, plus float32's rounding of x * LIMIT / max|x| (v up to 32639: 2^-9 of a step).
+    assert bool(((x_hat - x).abs() <= step * (0.5 + 2**-8)).all())
+    assert torch.equal(x_hat[3], torch.zeros(K)) and torch.equal(sums[3], torch.zeros(K // dispatch.GROUP))
+    torch.testing.assert_close(sums, x_hat.reshape(4, -1, dispatch.GROUP).sum(-1))
+    # The kernels' planes: group j of each 256 values holds group order[j] of x.
+    natural = int16_x.quantize(x, tuple(range(8)))[0].reshape(4, K // 256, 2, 8, 32)
+    assert torch.equal(planes.reshape(4, K // 256, 2, 8, 32), natural[:, :, :, list(order)])
+    # Relative to a product, rounding x to 16 bits is far below bfloat16's rounding of x.
+    w = WEIGHTS["Q4_K"].dequantize().double()
+    err = ((x_hat.double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
+    bf16 = ((x.bfloat16().double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
+    assert err < bf16 / 10, (err, bf16)
+
+
 def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():
-    # Q4_K keeps x's sums per 32 columns on the stack: 8 rows of 32768 need 32 KiB, more than
-    # IREE lets a CPU dispatch hold, so the product stays the torch form (None).
-    w = QuantizedTensor(LAYOUTS["Q4_K"], (4, 32768), torch.zeros(4, 128, 144, dtype=torch.uint8))
-    assert block_product(torch.randn(8, 32768), w) is None
-    assert block_product(torch.randn(1, 32768), w) is not None
+    # A workgroup keeps its 64 weight rows' sums per row of x on the stack: 128 rows of x
+    # need 32 KiB, more than IREE lets a CPU dispatch hold, so the product stays the torch form.
+    w = QuantizedTensor(LAYOUTS["Q8_0"], (4, 256), torch.zeros(4, 8, 34, dtype=torch.uint8))
+    assert block_product(torch.randn(128, 256), w) is None
+    assert block_product(torch.randn(8, 256), w) is not None

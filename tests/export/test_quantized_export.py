@@ -59,13 +59,23 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     # float32 activations both ways; only the summation order differs.
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err <= 1e-4, f"max |error| / max |logit| = {err:.3g}"
-    ids, _ = compiled.generate(TOKENS[:1], 4)
+    ids, steps = compiled.generate(TOKENS[:1], 4)
     assert torch.equal(ids, model.generate(TOKENS[:1], 4))
+    # Decode's logits against the eager model's for the same tokens (one prefill over them all).
+    # Q8_0's kernel takes float32 x: only the summation order differs. The Q4_K kernel takes x
+    # rounded to 16 bits per 32 values (export/kernels/int16_x): 1e-3 here, where running this
+    # model with bfloat16 activations moves the same logits by 6-7e-2.
+    s = TOKENS.shape[1]
+    want = model.prefill(torch.cat([TOKENS[:1], ids[:, :-1]], 1))[:, s - 1 :]
+    err = ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
+    assert err <= {"q8_0": 1e-4, "q4_k_m": 5e-3}[kind], f"decode: max |error| / max |logit| = {err:.3g}"
     # Those dispatches make the program CPU-only.
     assert kernels_in((out / "model.mlir").read_text()) == manifest["module"]["cpu_kernels"]
     if manifest["module"]["cpu_kernels"]:
         with pytest.raises(ArtifactError, match="hand-written CPU dispatches .*export it again with --target cuda"):
             compile_artifact(out, target="cuda")
+        with pytest.raises(ArtifactError, match="exported for this host's CPU.*--target-arch x86-64-v3"):
+            compile_artifact(out, target="cpu", target_arch="x86-64-v3")
     if kind == "q8_0":
         # Nor at load: IREE would hoist each dequantization into a float32 global computed at
         # initialisation; the compiled flow program must hoist no float tensor at all.

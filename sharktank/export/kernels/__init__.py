@@ -15,29 +15,58 @@ import torch
 
 from ...types import QuantizedTensor
 
-__all__ = ["block_product", "kernels_in", "LAYOUTS"]
+__all__ = ["block_product", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
 
 LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
 _KERNEL_CALL = re.compile(r"@sharktank_(\w+?)_product_\d")
 
 
+def _host_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split(":", 1)[1].split() for line in f)
+    except OSError:
+        return False
+
+
+# The kernels are compiled for this host's CPU (the cpu target's --target-arch default); the
+# Q4_K kernel's integer dot products (vpdpbusd) need AVX512-VNNI, without which Q4_K keeps
+# the torch form.
+INTEGER_DOT = _host_has("avx512_vnni")
+
+
+def kernels_for(target: str, target_arch: str | None) -> bool:
+    """Whether an export for ``target`` calls the kernels: for ``cpu`` compiled for this host
+    (the default ``--target-arch``), whose features the kernels are written for."""
+    return target == "cpu" and (target_arch or "host") == "host"
+
+
 def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
     """``x @ w.T`` (``x`` ``[..., K]``, ``w`` quantized ``[N, K]``) as a kernel call, or None
     where there is no kernel for ``w``'s layout, ``x``'s dtype or the shape (a generator
-    refuses one whose scratch would not fit a dispatch's stack)."""
+    refuses one whose scratch would not fit a dispatch's stack), or the host CPU lacks the
+    instructions a kernel needs (:data:`INTEGER_DOT`)."""
+    from . import int16_x
     from .custom_op import ELEMENT_TYPES, GENERATORS, PRODUCTS
 
     if w.layout.name not in LAYOUTS or x.dtype not in ELEMENT_TYPES:
         return None
     n, k = w.shape
+    gen, x2 = GENERATORS[w.layout.name], x.reshape(-1, k)
+    integer = gen.ELEMENTS == ("i16",)
+    if integer and not INTEGER_DOT:
+        return None
     try:
-        GENERATORS[w.layout.name].module_asm(x.numel() // k, n, k, "f32")
+        gen.module_asm(x2.shape[0], n, k, "i16" if integer else "f32")
     except ValueError:
         return None
-    # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x again
-    # (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32 x). The
-    # conversions are elementwise on x and y, which IREE fuses into their neighbours.
-    y = PRODUCTS[w.layout.name](x.reshape(-1, k).float(), w.blocks.view(torch.int8))
+    if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
+        y = PRODUCTS[w.layout.name](*int16_x.quantize(x2, gen.X_ORDER), w.blocks.view(torch.int8))
+    else:
+        # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x
+        # again (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32
+        # x). The conversions are elementwise on x and y, which IREE fuses into their neighbours.
+        y = PRODUCTS[w.layout.name](x2.float(), w.blocks.view(torch.int8))
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 

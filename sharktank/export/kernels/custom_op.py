@@ -14,7 +14,7 @@ from iree.turbine.runtime.op_reg import CustomOp, KernelBuilder, KernelSelection
 from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 
 from ...types.quantized import LAYOUTS, QuantizedTensor
-from . import q4_k, q6_k, q8_0
+from . import int16_x, q4_k, q6_k, q8_0
 
 __all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS"]
 
@@ -56,12 +56,40 @@ class _BlockProduct(CustomOp):
         return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
-        x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[1].t
+        x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[-1].t
         m, k, n = x.shape[0], x.shape[1], blocks.shape[0]
-        elem, gen = ELEMENT_TYPES[x.dtype], GENERATORS[self.layout]
+        elem, gen = ELEMENT_TYPES.get(x.dtype, "i16"), GENERATORS[self.layout]
+        k = k // 2 if elem == "i16" else k  # int16 x comes as two int8 planes
         name = gen.function_name(m, n, k, elem)
         func = _templates.inline_template_function(kb, name, name, layout=self.layout, m=m, n=n, k=k, elem=elem)
         kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
+
+
+class _Int16BlockProduct(_BlockProduct):
+    """``dequantized(x) @ dequantize(blocks).T`` for int16 ``x`` as int8 ``planes`` [M, 2K]
+    with its groups' ``scales`` and ``sums`` [M, K/32] (:mod:`.int16_x`, in the generator's
+    ``X_ORDER``)."""
+
+    def select(self, ksel: KernelSelection):
+        x, scales, sums, blocks = (ksel.arg_tensor(i) for i in range(4))
+        lay = LAYOUTS[self.layout]
+        groups = [x.t.shape[0], x.t.shape[1] // (2 * int16_x.GROUP)] if x.t.ndim == 2 else None
+        torch._check(
+            x.t.ndim == 2 and x.t.dtype == torch.int8 and list(scales.t.shape) == groups and list(sums.t.shape) == groups
+            and blocks.t.ndim == 3 and blocks.t.shape[-1] == lay.block_bytes and x.t.shape[1] == 2 * blocks.t.shape[1] * lay.block_size,
+            lambda: f"{self.layout} kernel: expected int8 planes [M, 2K], scales and sums [M, K/{int16_x.GROUP}] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], "
+            f"found {list(x.t.shape)} ({x.t.dtype}), {list(scales.t.shape)}, {list(sums.t.shape)} and {list(blocks.t.shape)}",
+        )
+        for arg in (x, scales, sums, blocks):
+            arg.specialize_all_dims()
+        out = ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], torch.float32)
+        out.specialize_all_dims()
+
+    def eager_execute(self, x, scales, sums, blocks):
+        lay = LAYOUTS[self.layout]
+        n, nb, _ = blocks.shape
+        x = int16_x.dequantized(x, scales, GENERATORS[self.layout].X_ORDER)
+        return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
 
 
 @CustomOp.register()
@@ -71,8 +99,8 @@ class sharktank_q8_0_product(_BlockProduct):
 
 
 @CustomOp.register()
-class sharktank_q4_k_product(_BlockProduct):
-    signature = "sharktank_q4_k_product(Tensor x, Tensor blocks) -> (Tensor)"
+class sharktank_q4_k_product(_Int16BlockProduct):
+    signature = "sharktank_q4_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks) -> (Tensor)"
     layout = "Q4_K"
 
 
@@ -82,5 +110,6 @@ class sharktank_q6_k_product(_BlockProduct):
     layout = "Q6_K"
 
 
-# The op of each layout with a kernel (``op(x, blocks.view(torch.int8))``).
+# The op of each layout with a kernel: ``op(x, blocks.view(torch.int8))``, or for a layout whose
+# generator takes int16 x, ``op(*int16_x.quantize(x, X_ORDER), blocks.view(torch.int8))``.
 PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}

@@ -1,29 +1,34 @@
-"""The Q4_K block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch.
+"""The Q4_K block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch, with
+``x`` as 16-bit integers per 32 values (:mod:`.int16_x`) and integer dot products.
 
 Per weight row, per 144-byte super-block of 256 values: it decodes ``d`` and ``dmin``
 (float16) and the eight 6-bit scale/min pairs packed in 12 bytes with vector ``and``/shift
-ops on the bytes (``d * sc_j`` and ``-dmin * m_j`` in float32); widens each 32-byte run of
-packed values to 32-bit lanes once and splits it into its two sub-blocks' nibbles there;
-and per sub-block and row of ``x`` adds ``d * sc_j * sum(x * q)`` (``sum(x * q)`` in 16
-lanes) into the row's accumulator. The mins' share, ``-dmin * m_j * sum(x)``, takes one
-8-lane fma per super-block and row: each workgroup first sums ``x`` per 32 columns.
+ops on the bytes (``d * sc_j`` and ``-dmin * m_j`` in float32); loads the 128 bytes of packed
+values as two runs of 64, whose low and high nibbles are two sub-blocks' unsigned values
+each (``and``, shift); and per run, nibble half and row of ``x`` takes ``vpdpbusd`` of the 64
+nibbles with x's high bytes, shifts the sums by 8 bits and adds ``vpdpbusd`` with its low
+bytes (16 int32 lanes, 8 per sub-block: exact), converts them to float32 and adds them times
+``d * sc_j * scale_j`` (``scale_j``: x's group scale) into the row's accumulator. The mins'
+share, ``-dmin * m_j * sum_j`` (x's group sums), takes one 8-lane fma per super-block and row.
+Nibble halves pair sub-blocks (0, 2), (1, 3), (4, 6), (5, 7): :data:`X_ORDER` is x's order.
 
-8192x2048, IREE 3.10 local-task on 2 Zen4 cores (shared machine; medians of two runs of
-9 rounds interleaved with bf16 dense and the torch form): M=1 0.66-0.76 ms (bf16 dense
-0.93-1.21 ms, the torch form 1.8-2.8 ms); M=8 2.1-4.1 ms (bf16 1.6-1.7 ms, torch 11-13 ms). The read
-limit (0.5625 bytes a weight, ~30 GB/s) is 0.31 ms: this is bound by the FP pipes (per
-super-block 8 widenings, 16 conversions and 24 mul/fma of 16 lanes per row of x; 0.96 ms
-on one thread). Tried: forming the values first (``q * d*sc_j - dmin*m_j``, then one
-fma per row) 0.74 ms at M=1 (1.28 ms on one thread), the same at M=8; nibbles split in
-bytes before widening 0.59 ms (1.04); 16 or 128 rows a workgroup 0.64 / 0.58 ms; 2 or 4
-accumulator chains no change.
+With the weights read from memory (8 weights in turn, 2 Zen4 cores, interleaved rounds),
+8192x2048 took 0.37 ms a product against 0.59 ms for the float32 form it replaces (values
+widened to 32-bit lanes, converted, multiplied with float32 x), 2048x8192 0.46 against
+0.84 ms. Where one row of x's planes is 16 KiB or more, two weight rows go at once. Against
+int8 x (one ``vpdpbusd`` per 64 values, llama.cpp's scheme), about as fast at 8192x2048, and
+the result is 2e-5 of the product's largest value away from the float product instead of
+5e-3 (see :mod:`.int16_x`).
 """
 
 from __future__ import annotations
 
 from . import dispatch
 
-KERNEL = dispatch.Kernel("q4_k", block_size=256, block_bytes=144, rows_per_workgroup=64, width=16, rows_at_once=2)
+KERNEL = dispatch.Kernel("q4_k", block_size=256, block_bytes=144, rows_per_workgroup=64, width=16, rows_at_once=2, elements=("i16",))
+ELEMENTS = KERNEL.elements  # int16 x only: float x goes through int16_x.quantize
+X_ORDER = (0, 2, 1, 3, 4, 6, 5, 7)  # x's groups in each super-block, as the kernel reads them
+AHEAD = 12  # super-blocks the prefetches run ahead (1.7 KB)
 
 
 def _scales(block: dispatch.Block) -> str:
@@ -69,80 +74,56 @@ def _scales(block: dispatch.Block) -> str:
 %o = arith.mulf %mnf, %nmv : vector<8xf32>"""
 
 
-def _x_sums(block: dispatch.Block) -> str:
-    """The workgroup's prologue: ``%xs`` [m, k/32], each row's sums of 32 columns of ``x``."""
-    ng, elem = block.k // 32, block.elem
-    xs_t = f"memref<{block.m}x{ng}xf32>"
-    lines = []
-    for i in range(block.m):
-        lines.append(f"%xg{i} = vector.load %x[%r{i}, %gk] : {block.x_t}, vector<32x{elem}>")
-        x = f"%xg{i}"
-        if elem != "f32":
-            lines.append(f"%xg{i}f = arith.extf %xg{i} : vector<32x{elem}> to vector<32xf32>")
-            x += "f"
-        lines += [f"%xr{i} = vector.reduction <add>, {x} : vector<32xf32> into f32", f"memref.store %xr{i}, %xs[%r{i}, %g] : {xs_t}"]
-    body = "\n".join("  " + line for line in lines)
-    return f"""{block.scratch("%xs", (block.m, ng))}
-%c32 = arith.constant 32 : index
-%cng = arith.constant {ng} : index
-scf.for %g = %c0 to %cng step %c1 {{
-  %gk = arith.muli %g, %c32 : index
-{body}
-}}"""
-
-
-def _half(v: str, at: int) -> str:
-    return f"vector.extract_strided_slice {v} {{offsets = [{at}], sizes = [16], strides = [1]}} : vector<32xf32> to vector<16xf32>"
-
-
-def _sub_blocks(block: dispatch.Block) -> list[str]:
-    """Lines that leave sub-block j's 32 values ``q`` as float32 halves ``%fa{j}``, ``%fb{j}``:
-    each 32-byte run widened to 32-bit lanes once, its nibbles split there."""
-    v32, w32 = "vector<32xi8>", "vector<32xi32>"
-    lines = [f"%w15 = arith.constant dense<15> : {w32}", f"%w4 = arith.constant dense<4> : {w32}"]
-    for p in range(4):  # run p: sub-blocks 2p (low nibbles) and 2p+1 (high nibbles)
-        lines += [block.byte(16 + 32 * p, 32, f"q{p}"), f"%qw{p} = arith.extui %q{p} : {v32} to {w32}"]
-        for j, op in ((2 * p, "andi"), (2 * p + 1, "shrui")):
-            lines += [
-                f"%n{j} = arith.{op} %qw{p}, {'%w15' if op == 'andi' else '%w4'} : {w32}",
-                f"%f{j} = arith.sitofp %n{j} : {w32} to vector<32xf32>",
-                f"%fa{j} = {_half(f'%f{j}', 0)}",
-                f"%fb{j} = {_half(f'%f{j}', 16)}",
-            ]
-    return lines
-
-
-def _scaled_sums(block: dispatch.Block) -> list[str]:
-    """Per sub-block j and row: ``sum(x * q)`` in 16 lanes, times ``d * sc_j``; the mins'
-    share once per super-block, ``-dmin * m`` dot the workgroup's sums of ``x`` (prologue)."""
-    block.prologue = _x_sums(block)
-    offsets = block.add_accumulator("vector<8xf32>")
-    xs_t = f"memref<{block.m}x{block.k // 32}xf32>"
-    lines = ["%c8 = arith.constant 8 : index", "%b8 = arith.muli %b, %c8 : index"]
-    for i in range(block.m):
-        lines += [f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {xs_t}, vector<8xf32>", block.fma(i, "%o", f"%xs8_{i}", offsets, "m")]
-    for j in range(8):
-        lines += [f"%s{j} = vector.extract %s[{j}] : f32 from vector<8xf32>", f"%sv{j} = vector.broadcast %s{j} : f32 to vector<16xf32>"]
-        for i in range(block.m):
-            lines += [
-                block.load_x(i, 32 * j, 16, f"xa{j}_{i}"),
-                block.load_x(i, 32 * j + 16, 16, f"xb{j}_{i}"),
-                f"%p{j}_{i} = arith.mulf %fa{j}, %xa{j}_{i} : vector<16xf32>",
-                f"%pp{j}_{i} = vector.fma %fb{j}, %xb{j}_{i}, %p{j}_{i} : vector<16xf32>",
-                block.fma(i, f"%pp{j}_{i}", f"%sv{j}", tag=f"g{j}"),
-            ]
-    return lines
-
-
 def _body(block: dispatch.Block) -> str:
-    return "\n".join([_scales(block), *_sub_blocks(block), *_scaled_sums(block)])
+    offsets = block.add_accumulator("vector<8xf32>")
+    v64 = "vector<64xi8>"
+    lines = [
+        block.prefetch(AHEAD),
+        _scales(block),
+        f"%b15 = arith.constant dense<15> : {v64}",
+        f"%b4 = arith.constant dense<4> : {v64}",
+        "%iz = arith.constant dense<0> : vector<16xi32>",
+        "%i8 = arith.constant dense<8> : vector<16xi32>",
+        "%c8 = arith.constant 8 : index",
+        "%b8 = arith.muli %b, %c8 : index",
+        "%k2 = arith.addi %k, %k : index",  # the super-block's planes: 256 high bytes, 256 low
+    ]
+    for i in range(block.m):  # the mins' share; each sub-block's weight scale times x's
+        lines += [
+            f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
+            block.fma(i, "%o", f"%xs8_{i}", offsets, "m"),
+            f"%xd8_{i} = vector.load %xd[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
+            f"%sx{i} = arith.mulf %s, %xd8_{i} : vector<8xf32>",
+        ]
+    for run in range(2):  # bytes 64 run .. + 64: sub-blocks 4 run + (0, 2) low, (1, 3) high
+        lines += [block.byte(16 + 64 * run, 64, f"q{run}"), f"%lo{run} = arith.andi %q{run}, %b15 : {v64}", f"%hi{run} = arith.shrui %q{run}, %b4 : {v64}"]
+        for h, nibbles in ((0, f"%lo{run}"), (1, f"%hi{run}")):
+            a, at = 4 * run + h, 128 * run + 64 * h  # lanes 0-7: sub-block a, 8-15: a + 2
+            for i in range(block.m):
+                t = f"{run}{h}_{i}"
+                lines += [
+                    f"%xh{t}_at = arith.constant {at} : index",
+                    f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
+                    f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {block.x_t}, {v64}",
+                    f"%xl{t}_at = arith.constant {256 + at} : index",
+                    f"%xl{t}_col = arith.addi %k2, %xl{t}_at : index",
+                    f"%xl{t} = vector.load %x[%r{i}, %xl{t}_col] : {block.x_t}, {v64}",
+                    dispatch.int8_dot(f"%dh{t}", "%iz", nibbles, f"%xh{t}"),
+                    f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
+                    dispatch.int8_dot(f"%dot{t}", f"%dh8{t}", nibbles, f"%xl{t}"),
+                    f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+                    f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join([str(a)] * 8 + [str(a + 2)] * 8)}] : vector<8xf32>, vector<8xf32>",
+                    block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
+                ]
+    return "\n".join(lines)
 
 
 def function_name(m: int, n: int, k: int, elem: str) -> str:
     return KERNEL.function_name(m, n, k, elem)
 
 
-def module_asm(m: int, n: int, k: int, elem: str) -> str:
-    """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
-    tensor<n x k/256 x 144 x i8>) -> tensor<m x n x elem>`` and the dispatch it calls."""
+def module_asm(m: int, n: int, k: int, elem: str = "i16") -> str:
+    """A module holding ``util.func @<function_name>(planes: tensor<m x 2k x i8>, scales, sums:
+    tensor<m x k/32 x f32>, blocks: tensor<n x k/256 x 144 x i8>) -> tensor<m x n x f32>``
+    and the dispatch it calls (``planes`` as ``int16_x.quantize(x, X_ORDER)`` makes them)."""
     return dispatch.module_asm(KERNEL, m, n, k, elem, _body)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import dispatch
 
 KERNEL = dispatch.Kernel("q6_k", block_size=256, block_bytes=210, rows_per_workgroup=64, rows_at_once=2)
+ELEMENTS = KERNEL.elements
 
 # The high 2 bits of group g, moved to bits 4-5: a shift of the high bytes, then & 0x30.
 _HIGH = {0: ("shli", 4), 1: ("shli", 2), 2: (None, 0), 3: ("shrui", 2)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import dispatch
 
 KERNEL = dispatch.Kernel("q8_0", block_size=32, block_bytes=34, rows_per_workgroup=64, rows_at_once=4)
+ELEMENTS = KERNEL.elements
 
 
 def _body(block: dispatch.Block) -> str:
