@@ -61,7 +61,7 @@ def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
     except ValueError:
         return None
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
-        y = PRODUCTS[w.layout.name](*int16_x.quantize(x2, gen.X_ORDER), w.blocks.view(torch.int8))
+        y = PRODUCTS[w.layout.name](*int16_x.quantize(x2, gen.X_ORDER, gen.KERNEL.sum_group), w.blocks.view(torch.int8))
     else:
         # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x
         # again (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32

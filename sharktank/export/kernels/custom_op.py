@@ -67,17 +67,19 @@ class _BlockProduct(CustomOp):
 
 class _Int16BlockProduct(_BlockProduct):
     """``dequantized(x) @ dequantize(blocks).T`` for int16 ``x`` as int8 ``planes`` [M, 2K]
-    with its groups' ``scales`` and ``sums`` [M, K/32] (:mod:`.int16_x`, in the generator's
-    ``X_ORDER``)."""
+    with its groups' ``scales`` [M, K/32] and ``sums`` [M, K/sum_group] (:mod:`.int16_x`, in
+    the generator's ``X_ORDER``)."""
 
     def select(self, ksel: KernelSelection):
         x, scales, sums, blocks = (ksel.arg_tensor(i) for i in range(4))
         lay = LAYOUTS[self.layout]
+        per = GENERATORS[self.layout].KERNEL.sum_group
         groups = [x.t.shape[0], x.t.shape[1] // (2 * int16_x.GROUP)] if x.t.ndim == 2 else None
+        summed = [x.t.shape[0], x.t.shape[1] // (2 * per)] if x.t.ndim == 2 else None
         torch._check(
-            x.t.ndim == 2 and x.t.dtype == torch.int8 and list(scales.t.shape) == groups and list(sums.t.shape) == groups
+            x.t.ndim == 2 and x.t.dtype == torch.int8 and list(scales.t.shape) == groups and list(sums.t.shape) == summed
             and blocks.t.ndim == 3 and blocks.t.shape[-1] == lay.block_bytes and x.t.shape[1] == 2 * blocks.t.shape[1] * lay.block_size,
-            lambda: f"{self.layout} kernel: expected int8 planes [M, 2K], scales and sums [M, K/{int16_x.GROUP}] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], "
+            lambda: f"{self.layout} kernel: expected int8 planes [M, 2K], scales [M, K/{int16_x.GROUP}], sums [M, K/{per}] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], "
             f"found {list(x.t.shape)} ({x.t.dtype}), {list(scales.t.shape)}, {list(sums.t.shape)} and {list(blocks.t.shape)}",
         )
         for arg in (x, scales, sums, blocks):
@@ -105,8 +107,8 @@ class sharktank_q4_k_product(_Int16BlockProduct):
 
 
 @CustomOp.register()
-class sharktank_q6_k_product(_BlockProduct):
-    signature = "sharktank_q6_k_product(Tensor x, Tensor blocks) -> (Tensor)"
+class sharktank_q6_k_product(_Int16BlockProduct):
+    signature = "sharktank_q6_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks) -> (Tensor)"
     layout = "Q6_K"
 
 

@@ -65,6 +65,7 @@ class Kernel:
     # more than X_CHUNK_BYTES, which each weight row would otherwise read from L2.
     rows_at_once: int = 1
     elements: tuple[str, ...] = ("f32", "bf16", "f16")  # the x it takes (of ELEMENTS)
+    sum_group: int = GROUP  # int16 x: the values each of its sums (%xs) adds up
 
     def __post_init__(self):
         if self.rows_per_workgroup % self.rows_at_once:
@@ -77,12 +78,12 @@ class Kernel:
 class Block:
     """What a layout's loop body writes with: the weight memref ``%w`` indexed ``[%row, %b,
     byte]``, the value column ``%k`` where block ``%b`` starts, and the rows' accumulators;
-    with int16 x (``%x``: its int8 planes) also ``%xd`` and ``%xs`` (``group_t``), its groups'
-    scales and sums."""
+    with int16 x (``%x``: its int8 planes) also ``%xd`` (``group_t``), its groups' scales, and
+    ``%xs`` (``sums_t``), its sums of every ``kernel.sum_group`` values."""
 
-    def __init__(self, kernel: Kernel, m: int, k: int, elem: str, x_t: str, w_t: str, group_t: str):
+    def __init__(self, kernel: Kernel, m: int, k: int, elem: str, x_t: str, w_t: str, group_t: str, sums_t: str):
         self.kernel, self.m, self.k, self.elem, self.x_t, self.w_t = kernel, m, k, elem, x_t, w_t
-        self.group_t = group_t  # int16 x: the type of %xd and %xs, each group's scale and sum
+        self.group_t, self.sums_t = group_t, sums_t  # int16 x: the types of %xd (scales) and %xs (sums)
         self.acc = f"vector<{kernel.width}xf32>"
         self.types = [self.acc]  # per row: the accumulators' types (slot 0: ``acc``)
         self.current = [[f"%a{i}_0"] for i in range(m)]  # per row, per slot: its value so far
@@ -166,7 +167,8 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x elem>`` and its dispatch,
     whose block loop is ``body(block)``. With ``elem`` "i16" the function takes ``(planes:
-    tensor<m x 2k x i8>, scales, sums: tensor<m x k/GROUP x f32>, blocks)`` and returns float32."""
+    tensor<m x 2k x i8>, scales: tensor<m x k/GROUP x f32>, sums: tensor<m x k/sum_group x
+    f32>, blocks)`` and returns float32."""
     what = f"{kernel.layout.upper()} kernel"
     if elem not in kernel.elements:
         raise ValueError(f"{what}: activations of type {elem} are not supported; expected one of {list(kernel.elements)}")
@@ -180,7 +182,9 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     w_t = f"memref<{n}x{nb}x{nbytes}xi8, strided<[{nb * nbytes}, {nbytes}, 1], offset: ?>>"
     y_t = f"memref<{m}x{n}x{y_elem}, strided<[{n}, 1], offset: ?>>"
     g_t = f"memref<{m}x{ng}xf32, strided<[{ng}, 1], offset: ?>>"
-    block = Block(kernel, m, k, elem, x_t, w_t, g_t)
+    ns = k // kernel.sum_group
+    s_t = f"memref<{m}x{ns}xf32, strided<[{ns}, 1], offset: ?>>"
+    block = Block(kernel, m, k, elem, x_t, w_t, g_t, s_t)
     loop_body = body(block)
     sums = block.scratch("%sums", (t, m))  # each tile row's result so far
     if block.scratch_bytes > STACK_BYTES:
@@ -234,11 +238,11 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     row_lines = _indent("\n".join(tile_rows), 10)
     stores = _indent("\n".join(store(i) for i in rows), 8)
     x_tensor, w_tensor, y_tensor = f"tensor<{m}x{kx}x{xe}>", f"tensor<{n}x{nb}x{nbytes}xi8>", f"tensor<{m}x{n}x{y_elem}>"
-    g_tensor = f"tensor<{m}x{ng}xf32>"
+    g_tensor, s_tensor = f"tensor<{m}x{ng}xf32>", f"tensor<{m}x{ns}xf32>"
     # int16 x: two more bindings (and arguments), each group's scale %xd and sum %xs.
     g_bindings = ", %db: !stream.binding, %sb: !stream.binding" if grouped else ""
-    g_spans = f"\n      %xd = stream.binding.subspan %db[%c0] : !stream.binding -> {g_t}\n      %xs = stream.binding.subspan %sb[%c0] : !stream.binding -> {g_t}" if grouped else ""
-    g_args, g_names, g_types = (f", %xd: {g_tensor}, %xs: {g_tensor}", ", %xd, %xs", f", {g_tensor}, {g_tensor}") if grouped else ("", "", "")
+    g_spans = f"\n      %xd = stream.binding.subspan %db[%c0] : !stream.binding -> {g_t}\n      %xs = stream.binding.subspan %sb[%c0] : !stream.binding -> {s_t}" if grouped else ""
+    g_args, g_names, g_types = (f", %xd: {g_tensor}, %xs: {s_tensor}", ", %xd, %xs", f", {g_tensor}, {s_tensor}") if grouped else ("", "", "")
     return f"""module {{
 stream.executable private @{name}_exe {{
   stream.executable.export public @{name} workgroups() -> (index, index, index) {{

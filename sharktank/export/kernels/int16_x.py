@@ -1,8 +1,8 @@
-"""Activations as 16-bit integers, for the integer-dot kernels (Q4_K).
+"""Activations as 16-bit integers, for the integer-dot kernels (Q4_K, Q6_K).
 
 Each row of ``x`` is cut into groups of :data:`~.dispatch.GROUP` (32) values. A group's values
 become ``v = round(x * LIMIT / max|x|)`` (``LIMIT`` = 32639), its scale is ``max|x| / LIMIT``
-and its sum is ``scale * sum(v)``: the sum of the values the kernel multiplies by, so that a
+and the sum of each ``sum_group`` values is ``scale * sum(v)``: the sum of the values the kernel multiplies by, so that a
 kernel's result is, up to float32 rounding, the product of the weights with
 :func:`dequantized` ``x``. Each value moves by at most half a step, ``max|x| / 65278`` of its
 group: far below bfloat16's own rounding (2^-9 of each value), so a bfloat16 model's products
@@ -32,9 +32,10 @@ LIMIT = 127 * 256 + 127
 PLANE = 256  # values per pair of planes (a K-quant super-block)
 
 
-def quantize(x: torch.Tensor, order: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(planes, scales, sums)`` of float ``x`` ``[m, k]``: int8 ``[m, 2k]`` and float32
-    ``[m, k/32]``; ``order``: the groups of each 256 values as the kernel reads them."""
+def quantize(x: torch.Tensor, order: tuple[int, ...], sum_group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(planes, scales, sums)`` of float ``x`` ``[m, k]``: int8 ``[m, 2k]``, float32 ``[m,
+    k/32]`` and ``[m, k/sum_group]`` (the sums of every ``sum_group`` values, a divisor of 32);
+    ``order``: the groups of each 256 values as the kernel reads them."""
     m, k = x.shape
     if k % PLANE:
         raise ValueError(f"int16 x: K={k} is not a multiple of {PLANE}")
@@ -43,7 +44,7 @@ def quantize(x: torch.Tensor, order: tuple[int, ...]) -> tuple[torch.Tensor, tor
     inverse = torch.where(top > 0, LIMIT / top, torch.zeros_like(top))
     v = torch.round(g * inverse)
     scales = (top / LIMIT).squeeze(-1)
-    sums = v.sum(-1) * scales
+    sums = (v.reshape(m, k // GROUP, GROUP // sum_group, sum_group).sum(-1) * scales.unsqueeze(-1)).reshape(m, k // sum_group)
     high = torch.floor((v + 128) / 256)
     low = v - 256 * high
     planes = torch.stack([high, low], 1).to(torch.int8)  # [m, 2, k/32, 32]

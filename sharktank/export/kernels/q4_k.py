@@ -90,7 +90,7 @@ def _body(block: dispatch.Block) -> str:
     ]
     for i in range(block.m):  # the mins' share; each sub-block's weight scale times x's
         lines += [
-            f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
+            f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {block.sums_t}, vector<8xf32>",
             block.fma(i, "%o", f"%xs8_{i}", offsets, "m"),
             f"%xd8_{i} = vector.load %xd[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
             f"%sx{i} = arith.mulf %s, %xd8_{i} : vector<8xf32>",

@@ -1,34 +1,36 @@
-"""The Q6_K block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch.
+"""The Q6_K block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch, with
+``x`` as 16-bit integers per 32 values (:mod:`.int16_x`) and integer dot products.
 
 Per weight row, per 210-byte super-block of 256 values: it loads the 16 int8 scales and
-``d`` (float16) and forms ``d * sc`` (16 float32); then per half of 128 values it loads the
-two 32-byte runs of low 4 bits and the 32 bytes of high 2 bits, and per group of 32 values
-(``g = 2 * nibble + run``) it assembles ``(nibble of the run) | (bits 2g, 2g+1 of the high
-bytes) << 4`` with vector ``and``/shift ops, subtracts 32, converts to float32, scales by
-the group's two 16-value scales (one shuffle) and adds the values' products with each row
-of ``x`` into per-row float32 accumulators (the frame: :mod:`.dispatch`).
+``d`` (float16) and forms ``d * sc`` (16 float32, one per 16 values); then per half of 128
+values it loads the 64 bytes of low 4 bits and the 32 bytes of high 2 bits, and assembles the
+unsigned 6-bit values ``u = q + 32`` of values 0-63 (low nibbles, high bits 0-3) and 64-127
+(high nibbles, high bits 4-7) with byte ``and``/shift ops, 64 values a vector in order. Per
+such vector and row of ``x`` it takes ``vpdpbusd`` with x's high bytes, shifts the sums by 8
+bits and adds ``vpdpbusd`` with its low bytes (16 int32 lanes, 4 per 16 values: exact),
+converts them and adds them times ``d * sc * scale`` (x's group scale). The 32 taken off
+every value is one 16-lane fma a super-block and row: ``-32 * d * sc`` times x's sums of 16.
 
-8192x2048, IREE 3.10 local-task on 2 Zen4 cores (shared machine; medians of two runs of
-9 interleaved rounds): M=1 0.90-1.01 ms (bf16 dense 1.17-1.25 ms, the torch form
-4.4-5.2 ms); M=8 4.9-6.1 ms (bf16 1.35-2.0 ms, torch 32-42 ms). The read limit (0.82
-bytes a weight, ~30 GB/s) is 0.46 ms; like Q4_K's it is bound by the FP pipes (per
-super-block 16 widenings, conversions, multiplies and fmas of 16 lanes at M=1).
+With the weights read from memory (2 Zen4 cores, interleaved rounds) ... (see the module's
+measurements in the README's quantized section).
 """
 
 from __future__ import annotations
 
 from . import dispatch
 
-KERNEL = dispatch.Kernel("q6_k", block_size=256, block_bytes=210, rows_per_workgroup=64, rows_at_once=2)
-ELEMENTS = KERNEL.elements
-
-# The high 2 bits of group g, moved to bits 4-5: a shift of the high bytes, then & 0x30.
-_HIGH = {0: ("shli", 4), 1: ("shli", 2), 2: (None, 0), 3: ("shrui", 2)}
+KERNEL = dispatch.Kernel("q6_k", block_size=256, block_bytes=210, rows_per_workgroup=64, width=16, rows_at_once=2, elements=("i16",), sum_group=16)
+ELEMENTS = KERNEL.elements  # int16 x only: float x goes through int16_x.quantize
+X_ORDER = tuple(range(8))  # x's groups in each super-block: in order
+AHEAD = 8  # super-blocks the prefetches run ahead (1.7 KB)
 
 
 def _body(block: dispatch.Block) -> str:
-    acc, v32 = block.acc, "vector<32xi8>"
+    offsets = block.add_accumulator("vector<16xf32>")
+    v32, v64 = "vector<32xi8>", "vector<64xi8>"
+    pairs = ", ".join(str(j // 2) for j in range(16))  # x's group scale of each 16 values
     lines = [
+        block.prefetch(AHEAD),
         block.byte(192, 16, "sc"),
         "%scf = arith.sitofp %sc : vector<16xi8> to vector<16xf32>",
         block.byte(208, 2, "db"),
@@ -36,28 +38,59 @@ def _body(block: dispatch.Block) -> str:
         "%df = arith.extf %dh : vector<1xf16> to vector<1xf32>",
         "%d = vector.extract %df[0] : f32 from vector<1xf32>",
         "%dv = vector.broadcast %d : f32 to vector<16xf32>",
-        "%s = arith.mulf %scf, %dv : vector<16xf32>",
-        *(f"%k{c} = arith.constant dense<{c}> : {v32}" for c in (2, 4, 15, 32, 48)),
+        "%s = arith.mulf %scf, %dv : vector<16xf32>",  # d * sc per 16 values
+        "%m32 = arith.constant dense<-32.0> : vector<16xf32>",
+        "%o = arith.mulf %s, %m32 : vector<16xf32>",
+        *(f"%k{c} = arith.constant dense<{c}> : {v64}" for c in (4, 15, 48)),
+        f"%k2h = arith.constant dense<2> : {v32}",
+        "%iz = arith.constant dense<0> : vector<16xi32>",
+        "%i8 = arith.constant dense<8> : vector<16xi32>",
+        "%c8 = arith.constant 8 : index",
+        "%c16 = arith.constant 16 : index",
+        "%b8 = arith.muli %b, %c8 : index",
+        "%b16 = arith.muli %b, %c16 : index",
+        "%k2 = arith.addi %k, %k : index",  # the super-block's planes: 256 high bytes, 256 low
     ]
+    for i in range(block.m):  # the 32s taken off; each 16 values' weight scale times x's
+        lines += [
+            f"%xs16_{i} = vector.load %xs[%r{i}, %b16] : {block.sums_t}, vector<16xf32>",
+            block.fma(i, "%o", f"%xs16_{i}", offsets, "m"),
+            f"%xd8_{i} = vector.load %xd[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
+            f"%xd16_{i} = vector.shuffle %xd8_{i}, %xd8_{i} [{pairs}] : vector<8xf32>, vector<8xf32>",
+            f"%sx{i} = arith.mulf %s, %xd16_{i} : vector<16xf32>",
+        ]
     for h in range(2):
-        lines += [block.byte(64 * h, 32, f"l{h}0"), block.byte(64 * h + 32, 32, f"l{h}1"), block.byte(128 + 32 * h, 32, f"h{h}")]
-        for g in range(4):
-            nibble, run, t = g // 2, g % 2, f"{h}{g}"
-            low = f"arith.andi %l{h}{run}, %k15" if nibble == 0 else f"arith.shrui %l{h}{run}, %k4"
-            op, by = _HIGH[g]
-            moved = f"%h{h}" if op is None else f"%hm{t}"
-            a = 8 * h + 2 * g  # the group's scales: a (first 16 values), a + 1
-            lines += [
-                f"%lo{t} = {low} : {v32}",
-                *([f"%hm{t} = arith.{op} %h{h}, %k{by} : {v32}"] if op else []),
-                f"%hi{t} = arith.andi {moved}, %k48 : {v32}",
-                f"%u{t} = arith.ori %lo{t}, %hi{t} : {v32}",
-                f"%q{t} = arith.subi %u{t}, %k32 : {v32}",
-                f"%f{t} = arith.sitofp %q{t} : {v32} to {acc}",
-                f"%sv{t} = vector.shuffle %s, %s [{', '.join([str(a)] * 16 + [str(a + 1)] * 16)}] : vector<16xf32>, vector<16xf32>",
-                f"%v{t} = arith.mulf %f{t}, %sv{t} : {acc}",
-                block.accumulate(f"%v{t}", 128 * h + 32 * g, f"g{t}"),
-            ]
+        lines += [
+            block.byte(64 * h, 64, f"l{h}"),
+            block.byte(128 + 32 * h, 32, f"h{h}"),
+            f"%h{h}s = arith.shrui %h{h}, %k2h : {v32}",  # bits 2-3 (and 6-7) where 0-1 (4-5) were
+            f"%h{h}p = vector.shuffle %h{h}, %h{h}s [{', '.join(map(str, range(64)))}] : {v32}, {v32}",
+            f"%h{h}u = arith.shli %h{h}p, %k4 : {v64}",
+            f"%h{h}a = arith.andi %h{h}u, %k48 : {v64}",
+            f"%l{h}a = arith.andi %l{h}, %k15 : {v64}",
+            f"%u{h}0 = arith.ori %l{h}a, %h{h}a : {v64}",  # values 128 h + 0..63
+            f"%h{h}b = arith.andi %h{h}p, %k48 : {v64}",
+            f"%l{h}b = arith.shrui %l{h}, %k4 : {v64}",
+            f"%u{h}1 = arith.ori %l{h}b, %h{h}b : {v64}",  # values 128 h + 64..127
+        ]
+        for half in range(2):
+            at, c = 128 * h + 64 * half, 8 * h + 4 * half  # its first value; its first scale
+            for i in range(block.m):
+                t = f"{h}{half}_{i}"
+                lines += [
+                    f"%xh{t}_at = arith.constant {at} : index",
+                    f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
+                    f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {block.x_t}, {v64}",
+                    f"%xl{t}_at = arith.constant {256 + at} : index",
+                    f"%xl{t}_col = arith.addi %k2, %xl{t}_at : index",
+                    f"%xl{t} = vector.load %x[%r{i}, %xl{t}_col] : {block.x_t}, {v64}",
+                    dispatch.int8_dot(f"%dh{t}", "%iz", f"%u{h}{half}", f"%xh{t}"),
+                    f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
+                    dispatch.int8_dot(f"%dot{t}", f"%dh8{t}", f"%u{h}{half}", f"%xl{t}"),
+                    f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+                    f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join(str(c + lane // 4) for lane in range(16))}] : vector<16xf32>, vector<16xf32>",
+                    block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
+                ]
     return "\n".join(lines)
 
 
@@ -65,7 +98,9 @@ def function_name(m: int, n: int, k: int, elem: str) -> str:
     return KERNEL.function_name(m, n, k, elem)
 
 
-def module_asm(m: int, n: int, k: int, elem: str) -> str:
-    """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
-    tensor<n x k/256 x 210 x i8>) -> tensor<m x n x elem>`` and the dispatch it calls."""
+def module_asm(m: int, n: int, k: int, elem: str = "i16") -> str:
+    """A module holding ``util.func @<function_name>(planes: tensor<m x 2k x i8>, scales:
+    tensor<m x k/32 x f32>, sums: tensor<m x k/16 x f32>, blocks: tensor<n x k/256 x 210 x
+    i8>) -> tensor<m x n x f32>`` and the dispatch it calls (``int16_x.quantize(x, X_ORDER,
+    16)``)."""
     return dispatch.module_asm(KERNEL, m, n, k, elem, _body)
