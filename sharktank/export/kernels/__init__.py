@@ -4,7 +4,10 @@
 ``x @ w.T`` with a Q8_0, Q4_K or Q6_K weight becomes one call of that layout's dispatch
 (:mod:`.q8_0`, :mod:`.q4_k`, :mod:`.q6_k`, in the frame of :mod:`.dispatch`); other layouts
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
-form. Imports iree-turbine (the custom op), so only export imports it.
+form. The Q8_0 kernel takes x as float32; the Q4_K and Q6_K kernels take it rounded to 16-bit
+integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's) for exact integer dot
+products with AVX512-VNNI, which is what lets them read the weights at about the machine's
+bandwidth. Imports iree-turbine (the custom op), so only export imports it.
 """
 
 from __future__ import annotations

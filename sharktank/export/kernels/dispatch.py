@@ -15,8 +15,10 @@ product with 8 rows took 2.4-2.9 ms so against 3.1-3.2 ms in one pass. A single 
 all of a Zen4 core's L1) a kernel's ``rows_at_once`` weight rows walk their blocks side by
 side, each load of ``x`` serving all of them: with the weights read from memory (8 weights
 of 2048x8192 in turn, interleaved rounds), Q8_0 took 0.82 ms a product with 4 rows at once
-against 1.31 ms, Q4_K 0.74 against 0.96 ms and Q6_K 1.14 against 1.35 ms with 2. With
-K=2048 it made no difference, and with 8 rows of x it was slower.
+against 1.31 ms, and the float32-x forms of Q4_K and Q6_K 0.74 against 0.96 ms and 1.14
+against 1.35 ms with 2. Their int16-x forms (two bytes a value) take 2 from 16 KiB: Q4_K
+2048x8192 0.56 against 0.69 ms. With K=2048 it made no difference (or was a little slower),
+and with 8 rows of x it was slower.
 
 Bindings are memrefs with ``offset: ?`` strided layouts: stream packs bindings at offsets
 in one buffer, and a plain identity memref would read from the buffer's start (a segfault).
@@ -116,6 +118,29 @@ class Block:
         for at in range(0, self.kernel.block_bytes, 64):
             lines += [f"%pf_{at} = arith.constant {at} : index", f"memref.prefetch %w[%row, %pf_b, %pf_{at}], read, locality<3>, data : {self.w_t}"]
         return "\n".join(lines)
+
+    # Constants x16_dot uses: a zero accumulator, the shift of the high bytes' sums, and %k2, the
+    # column of the super-block's planes (256 high bytes, then 256 low, per 256 values).
+    X16 = "\n".join(["%iz = arith.constant dense<0> : vector<16xi32>", "%i8 = arith.constant dense<8> : vector<16xi32>", "%k2 = arith.addi %k, %k : index"])
+
+    def x16_dot(self, i: int, unsigned: str, at: int, tag: str) -> str:
+        """``%dotf{tag} = `` (vector<16xf32>) the exact integer products of the 64 ``unsigned``
+        bytes with int16 x's 64 values from ``at`` in the super-block (row ``i``), summed in
+        groups of 4 (lane j: values 4j..4j+3): ``256 * dot(u, high) + dot(u, low)``, two
+        ``vpdpbusd``. Needs :data:`X16`."""
+        v64, t = "vector<64xi8>", tag
+        return "\n".join([
+            f"%xh{t}_at = arith.constant {at} : index",
+            f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
+            f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {self.x_t}, {v64}",
+            f"%xl{t}_at = arith.constant {256 + at} : index",
+            f"%xl{t}_col = arith.addi %k2, %xl{t}_at : index",
+            f"%xl{t} = vector.load %x[%r{i}, %xl{t}_col] : {self.x_t}, {v64}",
+            int8_dot(f"%dh{t}", "%iz", unsigned, f"%xh{t}"),
+            f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
+            int8_dot(f"%dot{t}", f"%dh8{t}", unsigned, f"%xl{t}"),
+            f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+        ])
 
     def load_x(self, i: int, column: int, lanes: int, name: str) -> str:
         """``name = `` float32 ``x[i, k + column : + lanes]``."""

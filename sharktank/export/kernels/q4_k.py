@@ -82,11 +82,9 @@ def _body(block: dispatch.Block) -> str:
         _scales(block),
         f"%b15 = arith.constant dense<15> : {v64}",
         f"%b4 = arith.constant dense<4> : {v64}",
-        "%iz = arith.constant dense<0> : vector<16xi32>",
-        "%i8 = arith.constant dense<8> : vector<16xi32>",
+        block.X16,
         "%c8 = arith.constant 8 : index",
         "%b8 = arith.muli %b, %c8 : index",
-        "%k2 = arith.addi %k, %k : index",  # the super-block's planes: 256 high bytes, 256 low
     ]
     for i in range(block.m):  # the mins' share; each sub-block's weight scale times x's
         lines += [
@@ -102,16 +100,7 @@ def _body(block: dispatch.Block) -> str:
             for i in range(block.m):
                 t = f"{run}{h}_{i}"
                 lines += [
-                    f"%xh{t}_at = arith.constant {at} : index",
-                    f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
-                    f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {block.x_t}, {v64}",
-                    f"%xl{t}_at = arith.constant {256 + at} : index",
-                    f"%xl{t}_col = arith.addi %k2, %xl{t}_at : index",
-                    f"%xl{t} = vector.load %x[%r{i}, %xl{t}_col] : {block.x_t}, {v64}",
-                    dispatch.int8_dot(f"%dh{t}", "%iz", nibbles, f"%xh{t}"),
-                    f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
-                    dispatch.int8_dot(f"%dot{t}", f"%dh8{t}", nibbles, f"%xl{t}"),
-                    f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+                    block.x16_dot(i, nibbles, at, t),
                     f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join([str(a)] * 8 + [str(a + 2)] * 8)}] : vector<8xf32>, vector<8xf32>",
                     block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
                 ]

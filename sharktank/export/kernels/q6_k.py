@@ -11,8 +11,11 @@ bits and adds ``vpdpbusd`` with its low bytes (16 int32 lanes, 4 per 16 values: 
 converts them and adds them times ``d * sc * scale`` (x's group scale). The 32 taken off
 every value is one 16-lane fma a super-block and row: ``-32 * d * sc`` times x's sums of 16.
 
-With the weights read from memory (2 Zen4 cores, interleaved rounds) ... (see the module's
-measurements in the README's quantized section).
+With the weights read from memory (2 Zen4 cores, interleaved rounds), the 1B model's
+128256x2048 output product took 10.4 ms against 20.5 ms for the float32 form it replaces
+(values widened, converted and scaled in float32 lanes), 8 weights of 8192x2048 in turn 0.75
+against 1.41 ms a product. The result is 2e-5 of the product's largest value away from the
+float product with unrounded x (see :mod:`.int16_x`).
 """
 
 from __future__ import annotations
@@ -43,13 +46,11 @@ def _body(block: dispatch.Block) -> str:
         "%o = arith.mulf %s, %m32 : vector<16xf32>",
         *(f"%k{c} = arith.constant dense<{c}> : {v64}" for c in (4, 15, 48)),
         f"%k2h = arith.constant dense<2> : {v32}",
-        "%iz = arith.constant dense<0> : vector<16xi32>",
-        "%i8 = arith.constant dense<8> : vector<16xi32>",
+        block.X16,
         "%c8 = arith.constant 8 : index",
         "%c16 = arith.constant 16 : index",
         "%b8 = arith.muli %b, %c8 : index",
         "%b16 = arith.muli %b, %c16 : index",
-        "%k2 = arith.addi %k, %k : index",  # the super-block's planes: 256 high bytes, 256 low
     ]
     for i in range(block.m):  # the 32s taken off; each 16 values' weight scale times x's
         lines += [
@@ -78,16 +79,7 @@ def _body(block: dispatch.Block) -> str:
             for i in range(block.m):
                 t = f"{h}{half}_{i}"
                 lines += [
-                    f"%xh{t}_at = arith.constant {at} : index",
-                    f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
-                    f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {block.x_t}, {v64}",
-                    f"%xl{t}_at = arith.constant {256 + at} : index",
-                    f"%xl{t}_col = arith.addi %k2, %xl{t}_at : index",
-                    f"%xl{t} = vector.load %x[%r{i}, %xl{t}_col] : {block.x_t}, {v64}",
-                    dispatch.int8_dot(f"%dh{t}", "%iz", f"%u{h}{half}", f"%xh{t}"),
-                    f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
-                    dispatch.int8_dot(f"%dot{t}", f"%dh8{t}", f"%u{h}{half}", f"%xl{t}"),
-                    f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+                    block.x16_dot(i, f"%u{h}{half}", at, t),
                     f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join(str(c + lane // 4) for lane in range(16))}] : vector<16xf32>, vector<16xf32>",
                     block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
                 ]
