@@ -16,13 +16,18 @@ import torch
 
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
-from sharktank.export.kernels import LAYOUTS as KERNEL_LAYOUTS
-from sharktank.export.kernels import block_product, dispatch, int16_x, kernels_in
+from sharktank.export import kernels
+from sharktank.export.kernels import INTEGER_DOT, block_product, dispatch, int16_x, kernels_in
+from sharktank.export.kernels import LAYOUTS as ALL_LAYOUTS
 from sharktank.export.kernels.custom_op import GENERATORS, PRODUCTS
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
 N, K = 70, 4608  # K: 18 K-quant super-blocks, 144 Q8_0 blocks
+# The int16-x kernels (Q4_K, Q6_K) need AVX512-VNNI; on a host without it their layouts keep
+# the torch form (test_int16_x_kernels_need_the_integer_dot) and are not among the cases.
+INT16_X = [layout for layout in ALL_LAYOUTS if GENERATORS[layout].ELEMENTS == ("i16",)]
+KERNEL_LAYOUTS = [layout for layout in ALL_LAYOUTS if INTEGER_DOT or layout not in INT16_X]
 CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in (1, 3) for dtype in (torch.float32, torch.bfloat16)]
 _SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 d (and dmin) offsets
 
@@ -37,7 +42,7 @@ def _weight(layout: str, seed: int) -> QuantizedTensor:
     return QuantizedTensor(lay, (N, K), torch.from_numpy(raw))
 
 
-WEIGHTS = {layout: _weight(layout, i) for i, layout in enumerate(KERNEL_LAYOUTS)}
+WEIGHTS = {layout: _weight(layout, i) for i, layout in enumerate(ALL_LAYOUTS)}
 XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in (1, 3)}
 
 
@@ -52,7 +57,6 @@ def _products(*args):
 
 
 FLOAT_X = [layout for layout in KERNEL_LAYOUTS if "bf16" in GENERATORS[layout].ELEMENTS]
-INT16_X = [layout for layout in KERNEL_LAYOUTS if GENERATORS[layout].ELEMENTS == ("i16",)]
 
 
 def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
@@ -75,7 +79,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 
 @pytest.fixture(scope="module")
 def compiled():
-    args = (*XS.values(), *(w.blocks for w in WEIGHTS.values()))
+    args = (*XS.values(), *(WEIGHTS[layout].blocks for layout in KERNEL_LAYOUTS))
     mlir = str(export_function(_products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
@@ -136,6 +140,15 @@ def test_int16_x_is_within_half_a_step_of_x_and_its_sums_are_of_its_values(order
     err = ((x_hat.double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
     bf16 = ((x.bfloat16().double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
     assert err < bf16 / 10, (err, bf16)
+
+
+def test_int16_x_kernels_need_the_integer_dot(monkeypatch):
+    x = XS[1]
+    for integer_dot in (True, False):
+        monkeypatch.setattr(kernels, "INTEGER_DOT", integer_dot)
+        for layout in INT16_X:
+            assert (block_product(x, WEIGHTS[layout]) is None) == (not integer_dot), (layout, integer_dot)
+    assert block_product(x, WEIGHTS["Q8_0"]) is not None  # float x: any x86 CPU
 
 
 def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():

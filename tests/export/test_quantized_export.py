@@ -12,7 +12,7 @@ import torch
 
 from quantized_models import CONFIG, TOKENS, quantized_theta
 from sharktank.export.artifact import compile_artifact, export_artifact
-from sharktank.export.kernels import kernels_in
+from sharktank.export.kernels import INTEGER_DOT, kernels_in
 from sharktank.models import load_model
 from sharktank.runtime import ArtifactError, CompiledModel
 from sharktank.models import save_gguf
@@ -48,7 +48,8 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     assert dense and all("norm" in n for n in dense), sorted(dense)
     assert len(types) - len(dense) >= CONFIG.num_layers * 7 * tp
     # Decode's products call the hand-written CPU dispatches of every layout in the file.
-    assert manifest["module"]["cpu_kernels"] == {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"]}[kind]
+    # (Q4_K's and Q6_K's need AVX512-VNNI: on a CPU without it those products keep the torch form.)
+    assert manifest["module"]["cpu_kernels"] == {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"] if INTEGER_DOT else []}[kind]
     # The archives hold the file's blocks (replicated tables once per device that holds them).
     stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
     model = load_model(path, tp=tp, pp=pp)
