@@ -33,8 +33,8 @@ def _host_has(flag: str) -> bool:
 
 
 # The kernels are compiled for this host's CPU (the cpu target's --target-arch default); the
-# Q4_K kernel's integer dot products (vpdpbusd) need AVX512-VNNI, without which Q4_K keeps
-# the torch form.
+# Q4_K and Q6_K kernels' integer dot products (vpdpbusd) need AVX512-VNNI, without which those
+# layouts keep the torch form.
 INTEGER_DOT = _host_has("avx512_vnni")
 
 
@@ -56,7 +56,7 @@ def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
         return None
     n, k = w.shape
     gen, x2 = GENERATORS[w.layout.name], x.reshape(-1, k)
-    integer = gen.ELEMENTS == ("i16",)
+    integer = gen.KERNEL.int16_x
     if integer and not INTEGER_DOT:
         return None
     try:

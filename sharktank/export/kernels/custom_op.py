@@ -58,8 +58,8 @@ class _BlockProduct(CustomOp):
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[-1].t
         m, k, n = x.shape[0], x.shape[1], blocks.shape[0]
-        elem, gen = ELEMENT_TYPES.get(x.dtype, "i16"), GENERATORS[self.layout]
-        k = k // 2 if elem == "i16" else k  # int16 x comes as two int8 planes
+        gen = GENERATORS[self.layout]
+        elem, k = ("i16", k // 2) if gen.KERNEL.int16_x else (ELEMENT_TYPES[x.dtype], k)  # int16 x: two int8 planes
         name = gen.function_name(m, n, k, elem)
         func = _templates.inline_template_function(kb, name, name, layout=self.layout, m=m, n=n, k=k, elem=elem)
         kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))

@@ -33,10 +33,9 @@ from typing import Callable
 
 __all__ = ["Block", "Kernel", "module_asm"]
 
-# x's element types. "i16": x quantized to 16 bits per GROUP values and split into two int8
-# planes (int16_x: a tensor [m, 2k] of int8), the kernel also taking each group's scale and
-# sum, [m, k/GROUP] float32 each, and returning float32 y.
-ELEMENTS = ("f32", "bf16", "f16", "i16")
+# x's element types and their bytes. "i16": x quantized to 16 bits per GROUP values and split
+# into two int8 planes (int16_x: a tensor [m, 2k] of int8), the kernel also taking each group's
+# scale and sums, float32, and returning float32 y.
 GROUP = 32
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i16": 2}
 X_CHUNK_BYTES = 16384  # the most bytes of x a workgroup's rows read per pass over their blocks
@@ -66,12 +65,17 @@ class Kernel:
     # Weight rows whose block loops run side by side (sharing x's loads) where one row of x is
     # more than X_CHUNK_BYTES, which each weight row would otherwise read from L2.
     rows_at_once: int = 1
-    elements: tuple[str, ...] = ("f32", "bf16", "f16")  # the x it takes (of ELEMENTS)
+    elements: tuple[str, ...] = ("f32", "bf16", "f16")  # the x it takes (keys of _BYTES)
     sum_group: int = GROUP  # int16 x: the values each of its sums (%xs) adds up
 
     def __post_init__(self):
         if self.rows_per_workgroup % self.rows_at_once:
             raise ValueError(f"{self.layout}: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of rows_at_once {self.rows_at_once}")
+
+    @property
+    def int16_x(self) -> bool:
+        """Whether it takes x as 16-bit integers (int16_x) rather than float."""
+        return self.elements == ("i16",)
 
     def function_name(self, m: int, n: int, k: int, elem: str) -> str:
         return f"sharktank_{self.layout}_product_{m}x{n}x{k}_{elem}"
@@ -89,15 +93,7 @@ class Block:
         self.acc = f"vector<{kernel.width}xf32>"
         self.types = [self.acc]  # per row: the accumulators' types (slot 0: ``acc``)
         self.current = [[f"%a{i}_0"] for i in range(m)]  # per row, per slot: its value so far
-        self.scratch_bytes = 0
-
-    def scratch(self, name: str, shape: tuple[int, ...]) -> str:
-        """``name = `` a float32 stack buffer of ``shape`` (counted against :data:`STACK_BYTES`)."""
-        count = 1
-        for d in shape:
-            count *= d
-        self.scratch_bytes += 4 * count
-        return f"{name} = memref.alloca() : memref<{'x'.join(map(str, shape))}xf32>"
+        self._x16_constants = False  # whether x16_dot has written its constants yet
 
     def add_accumulator(self, type_: str) -> int:
         """A further float32 vector accumulator per row (summed into the row's result); its slot."""
@@ -112,24 +108,27 @@ class Block:
 
     def prefetch(self, ahead: int) -> str:
         """Lines prefetching the block ``ahead`` blocks on (past a row's end: the next row's).
-        The hardware's own prefetching left these loops waiting on memory: with the weights read
-        from memory, an 8192x2048 Q4_K product (int8 x) took 0.49 ms with it against 0.56 ms."""
+        The hardware's own prefetching left these loops waiting on memory: the 1B Q4_K mix decoded
+        at 38.7 ms/token with it in the Q4_K and Q6_K kernels against 43.0 without (7 paired
+        rounds). In Q8_0's it made the whole decode slower, so that kernel has none."""
         lines = [f"%pf_ahead = arith.constant {ahead} : index", "%pf_b = arith.addi %b, %pf_ahead : index"]
         for at in range(0, self.kernel.block_bytes, 64):
             lines += [f"%pf_{at} = arith.constant {at} : index", f"memref.prefetch %w[%row, %pf_b, %pf_{at}], read, locality<3>, data : {self.w_t}"]
         return "\n".join(lines)
 
-    # Constants x16_dot uses: a zero accumulator, the shift of the high bytes' sums, and %k2, the
-    # column of the super-block's planes (256 high bytes, then 256 low, per 256 values).
-    X16 = "\n".join(["%iz = arith.constant dense<0> : vector<16xi32>", "%i8 = arith.constant dense<8> : vector<16xi32>", "%k2 = arith.addi %k, %k : index"])
-
     def x16_dot(self, i: int, unsigned: str, at: int, tag: str) -> str:
         """``%dotf{tag} = `` (vector<16xf32>) the exact integer products of the 64 ``unsigned``
         bytes with int16 x's 64 values from ``at`` in the super-block (row ``i``), summed in
         groups of 4 (lane j: values 4j..4j+3): ``256 * dot(u, high) + dot(u, low)``, two
-        ``vpdpbusd``. Needs :data:`X16`."""
+        ``vpdpbusd``. The first call also writes the constants they use, and ``%k2``, the
+        column of the super-block's planes (256 high bytes, then 256 low, per 256 values)."""
         v64, t = "vector<64xi8>", tag
+        lines = []
+        if not self._x16_constants:
+            self._x16_constants = True
+            lines += ["%iz = arith.constant dense<0> : vector<16xi32>", "%i8 = arith.constant dense<8> : vector<16xi32>", "%k2 = arith.addi %k, %k : index"]
         return "\n".join([
+            *lines,
             f"%xh{t}_at = arith.constant {at} : index",
             f"%xh{t}_col = arith.addi %k2, %xh{t}_at : index",
             f"%xh{t} = vector.load %x[%r{i}, %xh{t}_col] : {self.x_t}, {v64}",
@@ -140,6 +139,16 @@ class Block:
             f"%dh8{t} = arith.shli %dh{t}, %i8 : vector<16xi32>",
             int8_dot(f"%dot{t}", f"%dh8{t}", unsigned, f"%xl{t}"),
             f"%dotf{t} = arith.sitofp %dot{t} : vector<16xi32> to vector<16xf32>",
+        ])
+
+    def x16_accumulate(self, i: int, unsigned: str, at: int, scales: str, lanes: int, picks: list[int], tag: str) -> str:
+        """Row ``i``'s accumulator (16 lanes) += :meth:`x16_dot` times ``scales`` (``vector<lanes
+        x f32>``), lane j taking ``scales[picks[j]]``."""
+        t = f"vector<{lanes}xf32>"
+        return "\n".join([
+            self.x16_dot(i, unsigned, at, tag),
+            f"%sv{tag} = vector.shuffle {scales}, {scales} [{', '.join(map(str, picks))}] : {t}, {t}",
+            self.fma(i, f"%dotf{tag}", f"%sv{tag}", tag=f"d{tag}"),
         ])
 
     def load_x(self, i: int, column: int, lanes: int, name: str) -> str:
@@ -211,9 +220,8 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     s_t = f"memref<{m}x{ns}xf32, strided<[{ns}, 1], offset: ?>>"
     block = Block(kernel, m, k, elem, x_t, w_t, g_t, s_t)
     loop_body = body(block)
-    sums = block.scratch("%sums", (t, m))  # each tile row's result so far
-    if block.scratch_bytes > STACK_BYTES:
-        raise ValueError(f"{what}: x [{m}, {k}] needs {block.scratch_bytes} bytes of scratch, more than the {STACK_BYTES} a dispatch may hold")
+    if 4 * t * m > STACK_BYTES:  # %sums, each tile row's result so far
+        raise ValueError(f"{what}: x [{m}, {k}] needs {4 * t * m} bytes of scratch, more than the {STACK_BYTES} a dispatch may hold")
     together = kernel.rows_at_once if m == 1 and k * _BYTES[elem] >= X_CHUNK_BYTES else 1
     rows, slots, copies = range(m), range(len(block.types)), range(together)
     bodies, finals = zip(*(_row_copy(loop_body, block, r) for r in copies))
@@ -225,6 +233,7 @@ def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable
     yields = ", ".join(name for names in finals for name in names)
 
     sc_t = f"memref<{t}x{m}xf32>"
+    sums = f"%sums = memref.alloca() : {sc_t}"
 
     def add_chunk(r: int, i: int) -> str:
         lines, total = [], None

@@ -82,7 +82,6 @@ def _body(block: dispatch.Block) -> str:
         _scales(block),
         f"%b15 = arith.constant dense<15> : {v64}",
         f"%b4 = arith.constant dense<4> : {v64}",
-        block.X16,
         "%c8 = arith.constant 8 : index",
         "%b8 = arith.muli %b, %c8 : index",
     ]
@@ -99,11 +98,7 @@ def _body(block: dispatch.Block) -> str:
             a, at = 4 * run + h, 128 * run + 64 * h  # lanes 0-7: sub-block a, 8-15: a + 2
             for i in range(block.m):
                 t = f"{run}{h}_{i}"
-                lines += [
-                    block.x16_dot(i, nibbles, at, t),
-                    f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join([str(a)] * 8 + [str(a + 2)] * 8)}] : vector<8xf32>, vector<8xf32>",
-                    block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
-                ]
+                lines.append(block.x16_accumulate(i, nibbles, at, f"%sx{i}", 8, [a] * 8 + [a + 2] * 8, t))
     return "\n".join(lines)
 
 

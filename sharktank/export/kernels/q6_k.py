@@ -46,7 +46,6 @@ def _body(block: dispatch.Block) -> str:
         "%o = arith.mulf %s, %m32 : vector<16xf32>",
         *(f"%k{c} = arith.constant dense<{c}> : {v64}" for c in (4, 15, 48)),
         f"%k2h = arith.constant dense<2> : {v32}",
-        block.X16,
         "%c8 = arith.constant 8 : index",
         "%c16 = arith.constant 16 : index",
         "%b8 = arith.muli %b, %c8 : index",
@@ -78,11 +77,7 @@ def _body(block: dispatch.Block) -> str:
             at, c = 128 * h + 64 * half, 8 * h + 4 * half  # its first value; its first scale
             for i in range(block.m):
                 t = f"{h}{half}_{i}"
-                lines += [
-                    block.x16_dot(i, f"%u{h}{half}", at, t),
-                    f"%sv{t} = vector.shuffle %sx{i}, %sx{i} [{', '.join(str(c + lane // 4) for lane in range(16))}] : vector<16xf32>, vector<16xf32>",
-                    block.fma(i, f"%dotf{t}", f"%sv{t}", tag=f"d{t}"),
-                ]
+                lines.append(block.x16_accumulate(i, f"%u{h}{half}", at, f"%sx{i}", 16, [c + lane // 4 for lane in range(16)], t))
     return "\n".join(lines)
 
 
