@@ -232,7 +232,9 @@ def trace_program(
 
     kernel = None
     if block_kernels:
-        from .kernels import block_product as kernel
+        from .kernels import BlockProducts
+
+        kernel = BlockProducts()
 
     # No extra decompositions: the IREE importer takes these graphs as traced, and
     # turbine's default table re-traces every program (about half the export time).

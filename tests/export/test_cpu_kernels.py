@@ -17,9 +17,9 @@ import torch
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export import kernels
-from sharktank.export.kernels import INTEGER_DOT, block_product, dispatch, int16_x, kernels_in
+from sharktank.export.kernels import INTEGER_DOT, BlockProducts, block_product, dispatch, int16_x, kernels_in
 from sharktank.export.kernels import LAYOUTS as ALL_LAYOUTS
-from sharktank.export.kernels.custom_op import GENERATORS, PRODUCTS
+from sharktank.export.kernels.custom_op import GENERATORS, PRODUCTS, ROUNDINGS
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
@@ -53,10 +53,21 @@ def _products(*args):
     through = tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
     # block_product hands the float kernels float32 x; they also take bfloat16 x directly.
     direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8)).float() for layout in FLOAT_X)
-    return through + direct
+    # The int16 kernels' x as its dispatch rounds it (planes, scales, sums), of a row with
+    # a zero group, a large value and a tie (x * LIMIT / max|x| = 0.5 exactly).
+    rounded = tuple(r for layout, m, dtype in ROUNDED for r in ROUNDINGS[layout](_rounding_x(xs[m]).to(dtype)))
+    return through + direct + rounded
+
+
+def _rounding_x(x: torch.Tensor) -> torch.Tensor:
+    x = torch.cat([x[:, :32] * 0, x[:, 32:]], 1)  # group 0: all zeros (scale 0)
+    x[:, 40] = 1e4  # group 1: one large value, the others much coarser
+    x[:, 64], x[:, 65] = int16_x.LIMIT, 0.5  # group 2: max|x| = LIMIT, so 0.5 rounds to 0 (even)
+    return x
 
 
 FLOAT_X = [layout for layout in KERNEL_LAYOUTS if "bf16" in GENERATORS[layout].ELEMENTS]
+ROUNDED = [(layout, m, dtype) for layout in INT16_X if layout in KERNEL_LAYOUTS for m, dtype in ((1, torch.float32), (3, torch.bfloat16))]
 
 
 def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
@@ -83,7 +94,7 @@ def compiled():
     mlir = str(export_function(_products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
-    keys = CASES + [(layout, 3, "bf16 kernel") for layout in FLOAT_X]
+    keys = CASES + [(layout, 3, "bf16 kernel") for layout in FLOAT_X] + [(*case, part) for case in ROUNDED for part in ("planes", "scales", "sums")]
     return mlir, dict(zip(keys, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
 
 
@@ -140,6 +151,36 @@ def test_int16_x_is_within_half_a_step_of_x_and_its_sums_are_of_its_values(order
     err = ((x_hat.double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
     bf16 = ((x.bfloat16().double() - x.double())[:3] @ w.T).abs().max() / (x[:3].double() @ w.T).abs().max()
     assert err < bf16 / 10, (err, bf16)
+
+
+@pytest.mark.parametrize("layout, m, dtype", ROUNDED, ids=[f"{lay}-m{m}-{str(d)[6:]}" for lay, m, d in ROUNDED])
+def test_int16_x_dispatch_rounds_x_as_the_torch_scheme(compiled, layout, m, dtype):
+    mlir, results = compiled
+    gen = GENERATORS[layout]
+    x = _rounding_x(XS[m]).to(dtype)
+    assert int16_x.function_name(m, K, str(dtype)[6:].replace("float32", "f32").replace("bfloat16", "bf16"), gen.X_ORDER, gen.KERNEL.sum_group) in mlir
+    planes, scales, sums = int16_x.quantize(x, gen.X_ORDER, gen.KERNEL.sum_group)
+    assert torch.equal(results[(layout, m, dtype, "planes")], planes)
+    assert torch.equal(results[(layout, m, dtype, "scales")], scales)
+    # Each sum is of integers (exact in float32) times the scale: one rounding either way.
+    assert torch.equal(results[(layout, m, dtype, "sums")], sums)
+    assert int(planes[:, :32].abs().sum() + planes[:, 256:288].abs().sum()) == 0 and not int16_x.dequantized(planes, scales, gen.X_ORDER)[:, 65].any()
+
+
+@pytest.mark.skipif(not INTEGER_DOT, reason="the int16-x kernels need AVX512-VNNI (this host lacks it)")
+@pytest.mark.parametrize("shared, rounded", [(True, 2), (False, 3)])
+def test_products_of_one_x_share_its_rounding(shared, rounded):
+    layout = INT16_X[0]
+    w = WEIGHTS[layout]
+
+    def products(x, blocks):
+        times = BlockProducts() if shared else block_product
+        weight = w.with_blocks(blocks)
+        return times(x, weight) + times(x, weight), times(x * 2, weight)  # x twice, then another x
+
+    mlir = str(export_function(products, (XS[1], w.blocks)).mlir_module)
+    assert mlir.count("util.call @sharktank_int16_x_") == rounded
+    assert mlir.count(f"util.call @sharktank_{layout.lower()}_product_") == 3
 
 
 def test_int16_x_kernels_need_the_integer_dot(monkeypatch):

@@ -18,7 +18,7 @@ import torch
 
 from ...types import QuantizedTensor
 
-__all__ = ["block_product", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
+__all__ = ["block_product", "BlockProducts", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
 
 LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
 _KERNEL_CALL = re.compile(r"@sharktank_(\w+?)_product_\d")
@@ -44,13 +44,13 @@ def kernels_for(target: str, target_arch: str | None) -> bool:
     return target == "cpu" and (target_arch or "host") == "host"
 
 
-def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
+def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = None) -> torch.Tensor | None:
     """``x @ w.T`` (``x`` ``[..., K]``, ``w`` quantized ``[N, K]``) as a kernel call, or None
     where there is no kernel for ``w``'s layout, ``x``'s dtype or the shape (a generator
     refuses one whose scratch would not fit a dispatch's stack), or the host CPU lacks the
-    instructions a kernel needs (:data:`INTEGER_DOT`)."""
-    from . import int16_x
-    from .custom_op import ELEMENT_TYPES, GENERATORS, PRODUCTS
+    instructions a kernel needs (:data:`INTEGER_DOT`). ``rounded``: where given, x's int16
+    rounding per (x, layout), made once and shared by the products that take the same x."""
+    from .custom_op import ELEMENT_TYPES, GENERATORS, PRODUCTS, ROUNDINGS
 
     if w.layout.name not in LAYOUTS or x.dtype not in ELEMENT_TYPES:
         return None
@@ -64,13 +64,32 @@ def block_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
     except ValueError:
         return None
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
-        y = PRODUCTS[w.layout.name](*int16_x.quantize(x2, gen.X_ORDER, gen.KERNEL.sum_group), w.blocks.view(torch.int8))
+        key = (id(x), w.layout.name)
+        if rounded is None or key not in rounded:
+            found = (x, ROUNDINGS[w.layout.name](x2))
+            if rounded is not None:
+                rounded[key] = found  # holds x, so that its id stays its own
+        else:
+            found = rounded[key]
+        y = PRODUCTS[w.layout.name](*found[1], w.blocks.view(torch.int8))
     else:
         # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x
         # again (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32
         # x). The conversions are elementwise on x and y, which IREE fuses into their neighbours.
         y = PRODUCTS[w.layout.name](x2.float(), w.blocks.view(torch.int8))
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+class BlockProducts:
+    """:func:`block_product` for one traced program (the kernel ``ops.block_kernels`` takes):
+    the products of one x with weights of one int16-x layout (q, k; gate, up) share one
+    rounding of x. One per trace: it holds each x it has rounded."""
+
+    def __init__(self):
+        self._rounded: dict = {}
+
+    def __call__(self, x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
+        return block_product(x, w, self._rounded)
 
 
 def kernels_in(mlir: str) -> list[str]:

@@ -16,17 +16,18 @@ from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 from ...types.quantized import LAYOUTS, QuantizedTensor
 from . import int16_x, q4_k, q6_k, q8_0
 
-__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS"]
+__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS", "ROUNDINGS"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 GENERATORS: dict[str, ModuleType] = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}  # layout -> its MLIR generator
 
 
 class _Generated(TemplateLoader):
-    """Templates that are Python functions of the kernel's layout and shape."""
+    """Templates that are Python functions (``module``, a generator's ``module_asm``) of a
+    kernel's shape."""
 
-    def load_template(self, kb: KernelBuilder, name: str, *, layout: str, **kwargs):
-        return self._parse_module_asm(kb, GENERATORS[layout].module_asm(**kwargs))
+    def load_template(self, kb: KernelBuilder, name: str, *, module, **kwargs):
+        return self._parse_module_asm(kb, module(**kwargs))
 
 
 _templates = _Generated()
@@ -61,7 +62,7 @@ class _BlockProduct(CustomOp):
         gen = GENERATORS[self.layout]
         elem, k = ("i16", k // 2) if gen.KERNEL.int16_x else (ELEMENT_TYPES[x.dtype], k)  # int16 x: two int8 planes
         name = gen.function_name(m, n, k, elem)
-        func = _templates.inline_template_function(kb, name, name, layout=self.layout, m=m, n=n, k=k, elem=elem)
+        func = _templates.inline_template_function(kb, name, name, module=gen.module_asm, m=m, n=n, k=k, elem=elem)
         kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
 
 
@@ -94,6 +95,47 @@ class _Int16BlockProduct(_BlockProduct):
         return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
 
 
+class _Int16X(CustomOp):
+    """``int16_x.quantize(x, X_ORDER, sum_group)`` for ``layout``'s kernel: ``(planes, scales,
+    sums)`` of float ``x`` [M, K], as one dispatch (:func:`.int16_x.module_asm`)."""
+
+    layout: str
+
+    def select(self, ksel: KernelSelection):
+        x = ksel.arg_tensor(0)
+        torch._check(
+            x.t.ndim == 2 and x.t.shape[1] % int16_x.PLANE == 0 and x.t.dtype in ELEMENT_TYPES,
+            lambda: f"int16 x: expected float x [M, K] with K a multiple of {int16_x.PLANE}, found {list(x.t.shape)} ({x.t.dtype})",
+        )
+        x.specialize_all_dims()
+        (m, k), per = x.t.shape, GENERATORS[self.layout].KERNEL.sum_group
+        for shape, dtype in (([m, 2 * k], torch.int8), ([m, k // int16_x.GROUP], torch.float32), ([m, k // per], torch.float32)):
+            ksel.return_new_tensor(shape, dtype).specialize_all_dims()
+
+    def eager_execute(self, x):
+        gen = GENERATORS[self.layout]
+        return int16_x.quantize(x, gen.X_ORDER, gen.KERNEL.sum_group)
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        x, gen = ksel.arg_descs[0].t, GENERATORS[self.layout]
+        args = dict(m=x.shape[0], k=x.shape[1], elem=ELEMENT_TYPES[x.dtype], order=gen.X_ORDER, sum_group=gen.KERNEL.sum_group)
+        name = int16_x.function_name(**args)
+        func = _templates.inline_template_function(kb, name, name, module=int16_x.module_asm, **args)
+        kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
+
+
+@CustomOp.register()
+class sharktank_q4_k_x16(_Int16X):
+    signature = "sharktank_q4_k_x16(Tensor x) -> (Tensor, Tensor, Tensor)"
+    layout = "Q4_K"
+
+
+@CustomOp.register()
+class sharktank_q6_k_x16(_Int16X):
+    signature = "sharktank_q6_k_x16(Tensor x) -> (Tensor, Tensor, Tensor)"
+    layout = "Q6_K"
+
+
 @CustomOp.register()
 class sharktank_q8_0_product(_BlockProduct):
     signature = "sharktank_q8_0_product(Tensor x, Tensor blocks) -> (Tensor)"
@@ -113,5 +155,6 @@ class sharktank_q6_k_product(_Int16BlockProduct):
 
 
 # The op of each layout with a kernel: ``op(x, blocks.view(torch.int8))``, or for a layout whose
-# generator takes int16 x, ``op(*int16_x.quantize(x, X_ORDER), blocks.view(torch.int8))``.
+# generator takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8))``.
 PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}
+ROUNDINGS = {"Q4_K": sharktank_q4_k_x16, "Q6_K": sharktank_q6_k_x16}  # x as its int16 kernel takes it
