@@ -52,7 +52,7 @@ def _products(*args):
     blocks = dict(zip(KERNEL_LAYOUTS, args[len(XS) :]))
     through = tuple(block_product(xs[m].to(dtype), WEIGHTS[layout].with_blocks(blocks[layout])).float() for layout, m, dtype in CASES)
     # block_product hands the float kernels float32 x; they also take bfloat16 x directly.
-    direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8)).float() for layout in FLOAT_X)
+    direct = tuple(PRODUCTS[layout](xs[3].bfloat16(), blocks[layout].view(torch.int8), "bf16").float() for layout in FLOAT_X)
     # The int16 kernels' x as its dispatch rounds it (planes, scales, sums), of a row with
     # a zero group, a large value and a tie (x * LIMIT / max|x| = 0.5 exactly).
     rounded = tuple(r for layout, m, dtype in ROUNDED for r in ROUNDINGS[layout](_rounding_x(xs[m]).to(dtype)))
@@ -111,6 +111,11 @@ def test_one_row_of_x_goes_with_several_weight_rows_at_once():
 def test_every_kernel_layout_is_called_in_the_export(compiled):
     mlir, _ = compiled
     assert kernels_in(mlir) == sorted(name.lower() for name in KERNEL_LAYOUTS)
+    # bfloat16 x: each kernel stores y as bfloat16 itself (x going in as float32 or int16).
+    for layout in KERNEL_LAYOUTS:
+        elem = "i16" if layout in INT16_X else "f32"
+        assert f"@{GENERATORS[layout].function_name(1, N, K, elem, 'bf16')}(" in mlir
+        assert GENERATORS[layout].function_name(1, N, K, elem, "bf16").endswith(f"_{elem}_to_bf16")
 
 
 @pytest.mark.parametrize("layout, m, dtype", CASES, ids=[f"{lay}-m{m}-{str(d)[6:]}" for lay, m, d in CASES])

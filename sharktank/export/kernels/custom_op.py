@@ -19,6 +19,7 @@ from . import int16_x, q4_k, q6_k, q8_0
 __all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS", "ROUNDINGS"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
 GENERATORS: dict[str, ModuleType] = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}  # layout -> its MLIR generator
 
 
@@ -35,9 +36,14 @@ _templates = _Generated()
 
 class _BlockProduct(CustomOp):
     """``x [M, K] @ dequantize(blocks).T`` for ``layout`` ``blocks`` ``[N, K/block_size,
-    block_bytes]`` (an int8 view of the stored bytes)."""
+    block_bytes]`` (an int8 view of the stored bytes), in dtype ``y`` ("f32", "bf16", "f16")."""
 
     layout: str
+
+    def _result(self, ksel: KernelSelection, m: int, n: int, y_at: int) -> None:
+        y = ksel.attr_str(y_at).v
+        torch._check(y in DTYPES, lambda: f"{self.layout} kernel: result type {y!r} is not one of {sorted(DTYPES)}")
+        ksel.return_new_tensor([m, n], DTYPES[y]).specialize_all_dims()
 
     def select(self, ksel: KernelSelection):
         x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
@@ -48,22 +54,25 @@ class _BlockProduct(CustomOp):
         )
         x.specialize_all_dims()
         blocks.specialize_all_dims()
-        out = ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], x.t.dtype)
-        out.specialize_all_dims()
+        self._result(ksel, x.t.shape[0], blocks.t.shape[0], 2)
 
-    def eager_execute(self, x, blocks):
+    def eager_execute(self, x, blocks, y):
+        return self._product(x, blocks).to(DTYPES[y])
+
+    def _product(self, x, blocks):
         lay = LAYOUTS[self.layout]
         n, nb, _ = blocks.shape
         return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
-        x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[-1].t
+        x, blocks, y = ksel.arg_descs[0].t, ksel.arg_descs[-2].t, ksel.arg_descs[-1].v
         m, k, n = x.shape[0], x.shape[1], blocks.shape[0]
         gen = GENERATORS[self.layout]
         elem, k = ("i16", k // 2) if gen.KERNEL.int16_x else (ELEMENT_TYPES[x.dtype], k)  # int16 x: two int8 planes
-        name = gen.function_name(m, n, k, elem)
-        func = _templates.inline_template_function(kb, name, name, module=gen.module_asm, m=m, n=n, k=k, elem=elem)
-        kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
+        name = gen.function_name(m, n, k, elem, y)
+        func = _templates.inline_template_function(kb, name, name, module=gen.module_asm, m=m, n=n, k=k, elem=elem, y=y)
+        tensors = [b for b in kb.arg_bindings if b is not None]  # y is an attribute, not an operand
+        kb.yield_results(*impl_helper.call_function(func, *tensors))
 
 
 class _Int16BlockProduct(_BlockProduct):
@@ -85,14 +94,10 @@ class _Int16BlockProduct(_BlockProduct):
         )
         for arg in (x, scales, sums, blocks):
             arg.specialize_all_dims()
-        out = ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], torch.float32)
-        out.specialize_all_dims()
+        self._result(ksel, x.t.shape[0], blocks.t.shape[0], 4)
 
-    def eager_execute(self, x, scales, sums, blocks):
-        lay = LAYOUTS[self.layout]
-        n, nb, _ = blocks.shape
-        x = int16_x.dequantized(x, scales, GENERATORS[self.layout].X_ORDER)
-        return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
+    def eager_execute(self, x, scales, sums, blocks, y):
+        return self._product(int16_x.dequantized(x, scales, GENERATORS[self.layout].X_ORDER), blocks).to(DTYPES[y])
 
 
 class _Int16X(CustomOp):
@@ -138,23 +143,24 @@ class sharktank_q6_k_x16(_Int16X):
 
 @CustomOp.register()
 class sharktank_q8_0_product(_BlockProduct):
-    signature = "sharktank_q8_0_product(Tensor x, Tensor blocks) -> (Tensor)"
+    signature = "sharktank_q8_0_product(Tensor x, Tensor blocks, str y) -> (Tensor)"
     layout = "Q8_0"
 
 
 @CustomOp.register()
 class sharktank_q4_k_product(_Int16BlockProduct):
-    signature = "sharktank_q4_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks) -> (Tensor)"
+    signature = "sharktank_q4_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks, str y) -> (Tensor)"
     layout = "Q4_K"
 
 
 @CustomOp.register()
 class sharktank_q6_k_product(_Int16BlockProduct):
-    signature = "sharktank_q6_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks) -> (Tensor)"
+    signature = "sharktank_q6_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks, str y) -> (Tensor)"
     layout = "Q6_K"
 
 
-# The op of each layout with a kernel: ``op(x, blocks.view(torch.int8))``, or for a layout whose
-# generator takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8))``.
+# The op of each layout with a kernel: ``op(x, blocks.view(torch.int8), y)``, or for a layout
+# whose generator takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
+# ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}
 ROUNDINGS = {"Q4_K": sharktank_q4_k_x16, "Q6_K": sharktank_q6_k_x16}  # x as its int16 kernel takes it

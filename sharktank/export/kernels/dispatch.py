@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Block", "Kernel", "module_asm"]
+__all__ = ["Block", "Kernel", "module_asm", "result_type"]
 
 # x's element types and their bytes. "i16": x quantized to 16 bits per GROUP values and split
 # into two int8 planes (int16_x: a tensor [m, 2k] of int8), the kernel also taking each group's
@@ -77,8 +77,15 @@ class Kernel:
         """Whether it takes x as 16-bit integers (int16_x) rather than float."""
         return self.elements == ("i16",)
 
-    def function_name(self, m: int, n: int, k: int, elem: str) -> str:
-        return f"sharktank_{self.layout}_product_{m}x{n}x{k}_{elem}"
+    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+        """``y``: the result's element type where it is not the default (:func:`result_type`)."""
+        suffix = "" if y in (None, result_type(elem)) else f"_to_{y}"
+        return f"sharktank_{self.layout}_product_{m}x{n}x{k}_{elem}{suffix}"
+
+
+def result_type(elem: str) -> str:
+    """The result's element type by default: x's, float32 for int16 x."""
+    return "f32" if elem == "i16" else elem
 
 
 class Block:
@@ -197,20 +204,24 @@ def _indent(text: str, spaces: int) -> str:
 
 # Cached: block_product builds a shape's module to see that it fits before the custom op builds it.
 @functools.cache
-def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable[[Block], str]) -> str:
+def module_asm(kernel: Kernel, m: int, n: int, k: int, elem: str, body: Callable[[Block], str], y: str | None = None) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
-    tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x elem>`` and its dispatch,
+    tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x y>`` and its dispatch,
     whose block loop is ``body(block)``. With ``elem`` "i16" the function takes ``(planes:
     tensor<m x 2k x i8>, scales: tensor<m x k/GROUP x f32>, sums: tensor<m x k/sum_group x
-    f32>, blocks)`` and returns float32."""
+    f32>, blocks)``. ``y``: the result's element type (f32, bf16 or f16; by default
+    :func:`result_type`): the sums are float32 and rounded once to it as they are stored, so
+    that a half-precision model needs no conversion dispatch after each product."""
     what = f"{kernel.layout.upper()} kernel"
     if elem not in kernel.elements:
         raise ValueError(f"{what}: activations of type {elem} are not supported; expected one of {list(kernel.elements)}")
+    y_elem = result_type(elem) if y is None else y
+    if y_elem not in ("f32", "bf16", "f16"):
+        raise ValueError(f"{what}: results of type {y_elem} are not supported; expected f32, bf16 or f16")
     if k % kernel.block_size:
         raise ValueError(f"{what}: K={k} is not a multiple of the block size {kernel.block_size}")
-    name, nb, nbytes, t = kernel.function_name(m, n, k, elem), k // kernel.block_size, kernel.block_bytes, kernel.rows_per_workgroup
+    name, nb, nbytes, t = kernel.function_name(m, n, k, elem, y_elem), k // kernel.block_size, kernel.block_bytes, kernel.rows_per_workgroup
     grouped, ng = elem == "i16", k // GROUP
-    y_elem = "f32" if grouped else elem
     kx, xe = (2 * k, "i8") if grouped else (k, elem)  # int16 x: its two int8 planes
     x_t = f"memref<{m}x{kx}x{xe}, strided<[{kx}, 1], offset: ?>>"
     w_t = f"memref<{n}x{nb}x{nbytes}xi8, strided<[{nb * nbytes}, {nbytes}, 1], offset: ?>>"

@@ -102,12 +102,12 @@ def _body(block: dispatch.Block) -> str:
     return "\n".join(lines)
 
 
-def function_name(m: int, n: int, k: int, elem: str) -> str:
-    return KERNEL.function_name(m, n, k, elem)
+def function_name(m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+    return KERNEL.function_name(m, n, k, elem, y)
 
 
-def module_asm(m: int, n: int, k: int, elem: str = "i16") -> str:
+def module_asm(m: int, n: int, k: int, elem: str = "i16", y: str | None = None) -> str:
     """A module holding ``util.func @<function_name>(planes: tensor<m x 2k x i8>, scales, sums:
-    tensor<m x k/32 x f32>, blocks: tensor<n x k/256 x 144 x i8>) -> tensor<m x n x f32>``
-    and the dispatch it calls (``planes`` as ``int16_x.quantize(x, X_ORDER)`` makes them)."""
-    return dispatch.module_asm(KERNEL, m, n, k, elem, _body)
+    tensor<m x k/32 x f32>, blocks: tensor<n x k/256 x 144 x i8>) -> tensor<m x n x y>``
+    and the dispatch it calls (``planes`` as ``int16_x.quantize(x, X_ORDER)`` makes them; ``y``: f32, the default, bf16 or f16)."""
+    return dispatch.module_asm(KERNEL, m, n, k, elem, _body, y)

@@ -81,13 +81,13 @@ def _body(block: dispatch.Block) -> str:
     return "\n".join(lines)
 
 
-def function_name(m: int, n: int, k: int, elem: str) -> str:
-    return KERNEL.function_name(m, n, k, elem)
+def function_name(m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+    return KERNEL.function_name(m, n, k, elem, y)
 
 
-def module_asm(m: int, n: int, k: int, elem: str = "i16") -> str:
+def module_asm(m: int, n: int, k: int, elem: str = "i16", y: str | None = None) -> str:
     """A module holding ``util.func @<function_name>(planes: tensor<m x 2k x i8>, scales:
     tensor<m x k/32 x f32>, sums: tensor<m x k/16 x f32>, blocks: tensor<n x k/256 x 210 x
-    i8>) -> tensor<m x n x f32>`` and the dispatch it calls (``int16_x.quantize(x, X_ORDER,
-    16)``)."""
-    return dispatch.module_asm(KERNEL, m, n, k, elem, _body)
+    i8>) -> tensor<m x n x y>`` and the dispatch it calls (``int16_x.quantize(x, X_ORDER,
+    16)``; ``y``: f32, the default, bf16 or f16)."""
+    return dispatch.module_asm(KERNEL, m, n, k, elem, _body, y)

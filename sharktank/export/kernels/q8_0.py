@@ -36,11 +36,11 @@ def _body(block: dispatch.Block) -> str:
 {block.accumulate("%wv", 0, "v")}"""
 
 
-def function_name(m: int, n: int, k: int, elem: str) -> str:
-    return KERNEL.function_name(m, n, k, elem)
+def function_name(m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+    return KERNEL.function_name(m, n, k, elem, y)
 
 
-def module_asm(m: int, n: int, k: int, elem: str) -> str:
+def module_asm(m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
-    tensor<n x k/32 x 34 x i8>) -> tensor<m x n x elem>`` and the dispatch it calls."""
-    return dispatch.module_asm(KERNEL, m, n, k, elem, _body)
+    tensor<n x k/32 x 34 x i8>) -> tensor<m x n x y>`` and the dispatch it calls (``y``: f32, bf16 or f16, by default ``elem``)."""
+    return dispatch.module_asm(KERNEL, m, n, k, elem, _body, y)
