@@ -25,7 +25,7 @@ import torch
 
 from ..export.compile import TARGETS
 from ..weights._files import resolve_inside
-from .session import Session
+from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
 
 __all__ = ["ArtifactError", "InputError", "ModelLost", "read_manifest", "PrefillDecode", "CompiledModel", "generate_greedy"]
@@ -194,11 +194,13 @@ class CompiledModel(PrefillDecode):
     ``driver``: the IREE runtime driver; by default the one the artifact was compiled for.
     A CPU module runs on ``local-task`` (a pool of worker threads: faster on larger work) or
     ``local-sync`` (inline on the calling thread, no hand-offs: faster for small models and
-    many small dispatches: toy-llama-3l decode ~0.35 against ~0.6 ms on 2 cores)."""
+    many small dispatches: toy-llama-3l decode ~0.35 against ~0.6 ms on 2 cores).
+    ``worker_spin_us``: how long local-task's workers spin for the next dispatch before they
+    sleep (:data:`~sharktank.runtime.session.WORKER_SPIN_US`; 0: they sleep at once)."""
 
     _host_program = False  # True in the runtime of one host of a multi-host artifact
 
-    def __init__(self, directory: str | Path, *, verify: bool = True, driver: str | None = None):
+    def __init__(self, directory: str | Path, *, verify: bool = True, driver: str | None = None, worker_spin_us: int = WORKER_SPIN_US):
         from ..export.artifact import host_cpu
 
         self.directory = Path(directory)
@@ -241,7 +243,7 @@ class CompiledModel(PrefillDecode):
             raise ArtifactError(f"{self.directory}: compiled for {info.get('target')}, which runs on driver {' or '.join(allowed)}, not {self.driver!r}")
         self._check_devices(self.driver)
         try:
-            self.session = Session(str(vmfb), self.device_count, self.driver, {m["parameters"]["scope"]: [str(f) for f in files]})
+            self.session = Session(str(vmfb), self.device_count, self.driver, {m["parameters"]["scope"]: [str(f) for f in files]}, worker_spin_us)
             self.session.settle(self._first_call)
         except (RuntimeError, ValueError) as e:  # the runtime's own words, first line only
             raise ArtifactError(f"{self.directory}: the module does not load with its parameters: {str(e).splitlines()[0]}") from None
