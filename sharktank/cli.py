@@ -524,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print one JSON object with timings, sizes and transfer counts")
     e.set_defaults(func=cmd_export)
 
-    c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb. A quantized model exported for cpu calls hand-written CPU dispatches (the manifest's module.cpu_kernels), written for this host's CPU: it compiles for cpu and this host only; export it again for a GPU target or another --target-arch.")
+    c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb. A model exported for cpu (this host) calls hand-written CPU dispatches (the manifest's module.cpu_kernels: decode attention, and a quantized model's products), written for this host's CPU: it compiles for cpu and this host only; export it again for a GPU target or another --target-arch.")
     c.add_argument("dir", help="an export directory (from `sharktank export`)")
     c.add_argument("--target", choices=list(TARGETS), help="compile target (default: as exported)")
     c.add_argument("--target-arch", dest="target_arch", help="CPU name, ROCm arch or CUDA arch")

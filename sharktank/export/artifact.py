@@ -68,12 +68,15 @@ def host_cpu() -> str:
 
 
 def transfers_per_function(mlir: str) -> dict[str, int]:
-    """``flow.tensor.transfer`` count in each ``func.func`` of the MLIR text."""
+    """``flow.tensor.transfer`` count in each program function (``func.func``) of the MLIR
+    text; not in the hand-written kernels' dispatch functions (their arguments are
+    ``!stream.binding``s)."""
     out = {}
     parts = re.split(r"(?=func\.func @)", mlir)
     for part in parts[1:]:
-        name = re.match(r"func\.func @(\w+)", part).group(1)
-        out[name] = count_transfers(part)
+        head = re.match(r"func\.func @(\w+)\(([^)]*)", part)
+        if "!stream.binding" not in head.group(2):
+            out[head.group(1)] = count_transfers(part)
     return out
 
 
@@ -148,7 +151,7 @@ def export_artifact(
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
-    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, block_kernels=kernels_for(target, target_arch))
+    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, cpu_kernels=kernels_for(target, target_arch))
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
@@ -202,7 +205,8 @@ def write_program(
         "functions": specs,
         "transfers": transfers_per_function(mlir),
         "parameters": {"scope": SCOPE, "files": files},
-        # Layouts whose hand-written CPU dispatches the program calls (sharktank.export.kernels).
+        # The hand-written CPU dispatches the program calls (sharktank.export.kernels): block
+        # layouts and decode_attention.
         "module": {"mlir": "model.mlir", "vmfb": "model.vmfb" if compile else None, "cpu_kernels": kernels_in(mlir)},
         "export_seconds": round(export_seconds, 3),
         "compile": compile_info,
@@ -237,13 +241,13 @@ def compile_artifact(
     kernels = manifest["module"].get("cpu_kernels") or []
     if kernels and target != "cpu":
         raise ArtifactError(
-            f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
-            f"weights, which cannot be compiled for {target}; export it again with --target {target}"
+            f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches ({', '.join(kernels)}), "
+            f"which cannot be compiled for {target}; export it again with --target {target}"
         )
     if kernels and (target_arch or "host") != "host":
         raise ArtifactError(
-            f"{directory} was exported for this host's CPU: its program calls hand-written CPU dispatches for {', '.join(kernels)} "
-            f"weights, written for this CPU's instructions; export it again with --target-arch {target_arch} to compile for {target_arch}"
+            f"{directory} was exported for this host's CPU: its program calls hand-written CPU dispatches ({', '.join(kernels)}), "
+            f"written for this CPU's instructions; export it again with --target-arch {target_arch} to compile for {target_arch}"
         )
     progress(f"compiling for {target} ({manifest['device_count']} devices)")
     mlir = (directory / manifest["module"]["mlir"]).read_text()

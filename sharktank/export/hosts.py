@@ -78,7 +78,7 @@ def _one_copy(x):
     return x.shards[0] if isinstance(x, ShardedTensor) else x
 
 
-def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, block_kernels: bool = False):
+def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, cpu_kernels: bool = False):
     """Trace host functions of ``model`` (a host plan) for ``stages``: ``(mlir, weights, specs)``."""
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
 
@@ -148,7 +148,7 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
                 dynamic = ({1: s}, {1: s}, *([None] if kind == "prefill_row" else []), tuple([None] * len(leaves)))
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate([home] * len(named) + cache_devices)}
             fn = forward_row if kind == "prefill_row" else forward
-            trace_program(fxb, fn, (*args, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True, block_kernels=block_kernels)
+            trace_program(fxb, fn, (*args, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True, cpu_kernels=cpu_kernels)
             width = c.vocab_size if last else c.hidden_size
             out = {"name": "logits" if last else "hidden", "shape": [rows_in, s_dim, width], "dtype": wire}
             specs[name] = {
@@ -188,7 +188,7 @@ def export_hosts(
             stages = plan.stages_of_host(h)
             progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
             t1 = time.perf_counter()
-            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, block_kernels=kernels_for(target, target_arch))
+            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, cpu_kernels=kernels_for(target, target_arch))
             sub = tmp / host_dir(h)
             sub.mkdir()
             role = {"host": h, "hosts": hosts, "stages": list(stages), "first": h == 0, "last": h == hosts - 1}

@@ -223,23 +223,30 @@ def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
 
 
 def trace_program(
-    fxb, forward, args: tuple, *, name: str, arg_device: dict, dynamic=None, attention_as_matmuls: bool = False, block_kernels: bool = False
+    fxb, forward, args: tuple, *, name: str, arg_device: dict, dynamic=None, attention_as_matmuls: bool = False, cpu_kernels: bool = False
 ) -> None:
-    """Trace ``forward`` into ``fxb`` as function ``name``. ``block_kernels``: products with
-    quantized weights call :mod:`sharktank.export.kernels`' CPU dispatches where one exists
-    (a CPU-only module: ``export_artifact`` sets it for the ``cpu`` target)."""
+    """Trace ``forward`` into ``fxb`` as function ``name``. ``cpu_kernels``: the program calls
+    :mod:`sharktank.export.kernels`' CPU dispatches where one applies (a CPU-only module:
+    ``export_artifact`` sets it for the ``cpu`` target): products with quantized weights, and
+    a decode step's attention over the cache."""
     from iree.turbine.aot.decompositions import extend_aot_decompositions
 
-    kernel = None
-    if block_kernels:
-        from .kernels import BlockProducts
+    products, attention = None, None
+    if cpu_kernels:
+        from .kernels import BlockProducts, decode_attention
 
-        kernel = BlockProducts()
+        products, attention = BlockProducts(), decode_attention
 
     # No extra decompositions: the IREE importer takes these graphs as traced, and
     # turbine's default table re-traces every program (about half the export time).
     # No Python stack trace per graph node either (about 10% of tracing).
-    with extend_aot_decompositions(from_current=False), _no_stack_traces(), ops.attention_as_matmuls(attention_as_matmuls), ops.block_kernels(kernel):
+    with (
+        extend_aot_decompositions(from_current=False),
+        _no_stack_traces(),
+        ops.attention_as_matmuls(attention_as_matmuls),
+        ops.block_kernels(products),
+        ops.attention_kernels(attention),
+    ):
         fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
 
 
@@ -331,13 +338,13 @@ def export_llama(
     max_seq_len: int | None = None,
     *,
     attention_as_matmuls: bool = False,
-    block_kernels: bool = False,
+    cpu_kernels: bool = False,
 ):
     """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
     where ``specs`` describes every function's arguments and results for the manifest.
     ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
     what ``export_artifact`` does: faster on IREE's CPU backend, and IREE 3.10's GPU backends
-    fail to compile the fused op for these models). ``block_kernels``: see :func:`trace_program`."""
+    fail to compile the fused op for these models). ``cpu_kernels``: see :func:`trace_program`."""
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
 
     weights = lift_weights(model)
@@ -410,7 +417,7 @@ def export_llama(
                 dynamic = ({1: s}, {1: s}, *([None] * len(extra)), tuple([None] * len(leaves)))
             devices = [first_device] * len(named) + cache_devices
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
-            trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls, block_kernels=block_kernels)
+            trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls, cpu_kernels=cpu_kernels)
             length = 1 if kind == "decode" else "S"
             specs[name] = {
                 "batch_size": b,

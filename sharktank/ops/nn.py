@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, like, norm_dim, offsets, unreduced_of
 from ._dispatch import sharded_op
+from ._transfer import _tracing_tensor
 from .elementwise import shardwise
 
-__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "attention_as_matmuls", "embedding_lookup"]
+__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "attention_as_matmuls", "attention_kernels", "embedding_lookup"]
 
 AnyTensor = torch.Tensor | ShardedTensor
 
@@ -156,6 +157,27 @@ def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
         _AS_MATMULS.reset(token)
 
 
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], "torch.Tensor | None"]
+_ATTENTION_KERNEL: contextvars.ContextVar[AttentionKernel | None] = contextvars.ContextVar("attention_kernels", default=None)
+
+
+@contextlib.contextmanager
+def attention_kernels(kernel: AttentionKernel | None) -> Iterator[None]:
+    """While active, a traced :func:`scaled_dot_product_attention` (not ``is_causal``; per
+    shard) is first offered to ``kernel(q, k, v, mask, scale)``, with the operands as the op
+    takes them (k and v in their own dtype) and ``scale`` resolved; where it returns None
+    (a shape or mask it has no dispatch for) the op is computed as without it.
+
+    Export passes :func:`sharktank.export.kernels.decode_attention` for the CPU target: one
+    dispatch for a decode step's attention over the cache, reading only the entries the mask
+    keeps. ``None`` turns it off."""
+    token = _ATTENTION_KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _ATTENTION_KERNEL.reset(token)
+
+
 def _masked(s, a):
     return s if a is None else s.masked_fill(~a, float("-inf")) if a.dtype == torch.bool else s + a
 
@@ -189,6 +211,11 @@ def _sdpa_matmuls(q, k, v, a, scale):
 
 
 def _sdpa(q, k, v, a, is_causal, scale, gqa):
+    kernel = _ATTENTION_KERNEL.get()
+    if kernel is not None and not is_causal and _tracing_tensor(q) and q.ndim >= 3 and (q.shape[-3] == k.shape[-3] or gqa):
+        y = kernel(q, k, v, a, q.shape[-1] ** -0.5 if scale is None else scale)
+        if y is not None:
+            return y
     k, v = k.to(q.dtype), v.to(q.dtype)
     if _AS_MATMULS.get() and not is_causal and q.ndim >= 3 and (q.shape[-3] == k.shape[-3] or gqa):
         return _sdpa_matmuls(q, k, v, a, scale)

@@ -47,9 +47,11 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     # No full-precision copy of a quantized weight: only the (float32) norms are not blocks.
     assert dense and all("norm" in n for n in dense), sorted(dense)
     assert len(types) - len(dense) >= CONFIG.num_layers * 7 * tp
-    # Decode's products call the hand-written CPU dispatches of every layout in the file.
-    # (Q4_K's and Q6_K's need AVX512-VNNI: on a CPU without it those products keep the torch form.)
-    assert manifest["module"]["cpu_kernels"] == {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"] if INTEGER_DOT else []}[kind]
+    # Decode's products call the hand-written CPU dispatches of every layout in the file, and
+    # its attention the decode-attention one. (Q4_K's and Q6_K's need AVX512-VNNI: on a CPU
+    # without it those products keep the torch form.)
+    layouts = {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"] if INTEGER_DOT else []}[kind]
+    assert manifest["module"]["cpu_kernels"] == ["decode_attention", *layouts]
     # The archives hold the file's blocks (replicated tables once per device that holds them).
     stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
     model = load_model(path, tp=tp, pp=pp)
@@ -72,7 +74,7 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     assert err <= {"q8_0": 1e-4, "q4_k_m": 5e-3}[kind], f"decode: max |error| / max |logit| = {err:.3g}"
     # Those dispatches make the program CPU-only.
     assert kernels_in((out / "model.mlir").read_text()) == manifest["module"]["cpu_kernels"]
-    if manifest["module"]["cpu_kernels"]:
+    if manifest["module"]["cpu_kernels"]:  # always, with the attention dispatch
         with pytest.raises(ArtifactError, match="hand-written CPU dispatches .*export it again with --target cuda"):
             compile_artifact(out, target="cuda")
         with pytest.raises(ArtifactError, match="exported for this host's CPU.*--target-arch x86-64-v3"):

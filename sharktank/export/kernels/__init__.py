@@ -1,4 +1,5 @@
-"""Hand-written CPU dispatches for products with quantized weights (export for ``cpu``).
+"""Hand-written CPU dispatches (export for ``cpu``): products with quantized weights, and a
+decode step's attention (:func:`decode_attention`, :mod:`.attention`).
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
 ``x @ w.T`` with a Q8_0, Q4_K or Q6_K weight becomes one call of that layout's dispatch
@@ -18,10 +19,10 @@ import torch
 
 from ...types import QuantizedTensor
 
-__all__ = ["block_product", "BlockProducts", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
+__all__ = ["block_product", "BlockProducts", "decode_attention", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
 
 LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
-_KERNEL_CALL = re.compile(r"@sharktank_(\w+?)_product_\d")
+_KERNEL_CALL = re.compile(r"@sharktank_(?:(\w+?)_product|(decode_attention))_\d")
 
 
 def _host_has(flag: str) -> bool:
@@ -83,6 +84,32 @@ def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = No
     return y.reshape(*x.shape[:-1], n)
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """Traced attention of one query per sequence (``q`` ``[B, H, 1, E]``) over a cache ``k``,
+    ``v`` ``[B, KVH, T, E]`` (the cache ``[B, T, KVH, E]`` transposed, as
+    ``layers.attention`` passes it) with a boolean ``mask`` broadcasting as ``[B, 1, 1, T]``
+    (or None), as one dispatch (:mod:`.attention`): the kernel
+    :func:`sharktank.ops.attention_kernels` takes. None where it does not apply: another
+    query length or rank, symbolic sizes, a mask per head or not boolean, dtypes other than
+    float32, bfloat16, float16, or T not a multiple of ``attention.CHUNK``."""
+    from . import attention as dispatch
+    from .custom_op import ELEMENT_TYPES, sharktank_decode_attention
+
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or not all(isinstance(d, int) for d in (*q.shape, *k.shape)):
+        return None
+    (b, h, l, e), (kb, kvh, t, ke) = q.shape, k.shape
+    if l != 1 or kb != b or ke != e or h % kvh or t % dispatch.CHUNK or q.dtype not in ELEMENT_TYPES or k.dtype not in ELEMENT_TYPES or v.dtype != k.dtype:
+        return None
+    if mask is None:
+        live = torch.ones(b, t, dtype=torch.int8)
+    else:
+        if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1:] != (1, 1, t) or mask.shape[0] not in (1, b):
+            return None
+        live = mask.expand(b, 1, 1, t).reshape(b, t).to(torch.int8)
+    out = sharktank_decode_attention(q.reshape(b, h, e), k.transpose(1, 2), v.transpose(1, 2), live, float(scale))
+    return out.reshape(b, h, 1, e)
+
+
 class BlockProducts:
     """:func:`block_product` for one traced program (the kernel ``ops.block_kernels`` takes):
     the products of one x with weights of one int16-x layout (q, k; gate, up) share one
@@ -96,5 +123,6 @@ class BlockProducts:
 
 
 def kernels_in(mlir: str) -> list[str]:
-    """The block layouts whose kernels an exported module calls (lower case, e.g. ``q8_0``)."""
-    return sorted(set(_KERNEL_CALL.findall(mlir)))
+    """The hand-written dispatches an exported module calls: the block layouts of its products
+    (lower case, e.g. ``q8_0``) and ``decode_attention``."""
+    return sorted({a or b for a, b in _KERNEL_CALL.findall(mlir)})

@@ -1,8 +1,9 @@
-"""The hand-written block-product dispatches as iree-turbine custom ops, one per layout.
+"""The hand-written dispatches as iree-turbine custom ops: a block product per layout, x's
+int16 rounding per int16-x layout, and decode attention.
 
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
-with its ``stream.executable``); eagerly it is the torch block product it replaces, so a
-model with kernels enabled computes the same eagerly as without them.
+with its ``stream.executable``); eagerly it is the torch form it replaces, so a model with
+kernels enabled computes the same eagerly as without them.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from iree.turbine.runtime.op_reg import CustomOp, KernelBuilder, KernelSelection
 from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 
 from ...types.quantized import LAYOUTS, QuantizedTensor
-from . import int16_x, q4_k, q6_k, q8_0
+from . import attention, int16_x, q4_k, q6_k, q8_0
 
-__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS", "ROUNDINGS"]
+__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
@@ -164,3 +165,48 @@ class sharktank_q6_k_product(_Int16BlockProduct):
 # ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}
 ROUNDINGS = {"Q4_K": sharktank_q4_k_x16, "Q6_K": sharktank_q6_k_x16}  # x as its int16 kernel takes it
+
+
+@CustomOp.register()
+class sharktank_decode_attention(CustomOp):
+    """``softmax(scale * q . k, where mask) @ v`` for ``q`` [B, H, E] (one query per sequence
+    and head) over a cache ``k``, ``v`` [B, T, KVH, E] (as stored; H a multiple of KVH, query
+    head i taking KV head i // (H / KVH)) and ``mask`` [B, T] (int8: 0 = not attended), in
+    float32; the result [B, H, E] in q's dtype (:mod:`.attention`). What a masked entry
+    holds never reaches the result, not even a NaN (torch's softmax-then-product would
+    multiply it by 0)."""
+
+    signature = "sharktank_decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> (Tensor)"
+
+    def select(self, ksel: KernelSelection):
+        q, k, v, mask = (ksel.arg_tensor(i) for i in range(4))
+        ksel.attr_float(4)
+        qs, ks = list(q.t.shape), list(k.t.shape)
+        torch._check(
+            len(qs) == 3 and len(ks) == 4 and list(v.t.shape) == ks and v.t.dtype == k.t.dtype and ks[0] == qs[0] and ks[3] == qs[2]
+            and qs[1] % ks[2] == 0 and ks[1] % attention.CHUNK == 0 and list(mask.t.shape) == ks[:2] and mask.t.dtype == torch.int8
+            and q.t.dtype in ELEMENT_TYPES and k.t.dtype in ELEMENT_TYPES,
+            lambda: f"decode attention: expected q [B, H, E], k and v [B, T, KVH, E] (H a multiple of KVH, T of {attention.CHUNK}) and an int8 mask [B, T], "
+            f"found {qs} ({q.t.dtype}), {ks} ({k.t.dtype}), {list(v.t.shape)} ({v.t.dtype}) and {list(mask.t.shape)} ({mask.t.dtype})",
+        )
+        for arg in (q, k, v, mask):
+            arg.specialize_all_dims()
+        ksel.return_new_tensor(qs, q.t.dtype).specialize_all_dims()
+
+    def eager_execute(self, q, k, v, mask, scale):
+        b, h, e = q.shape
+        kvh = k.shape[2]
+        dropped = (mask == 0)[:, :, None, None]  # entries not read (whatever they hold)
+        k, v = k.float().masked_fill(dropped, 0), v.float().masked_fill(dropped, 0)
+        s = torch.einsum("bkge,btke->bkgt", q.float().reshape(b, kvh, h // kvh, e), k) * scale
+        p = torch.softmax(s.masked_fill(mask[:, None, None, :] == 0, float("-inf")), -1)
+        return torch.einsum("bkgt,btke->bkge", p, v).reshape(b, h, e).to(q.dtype)
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        q, k = ksel.arg_descs[0].t, ksel.arg_descs[1].t
+        (b, h, e), (_, t, kvh, _) = q.shape, k.shape
+        args = dict(b=b, h=h, t=t, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[4].v)
+        name = attention.function_name(**args)
+        func = _templates.inline_template_function(kb, name, name, module=attention.module_asm, **args)
+        tensors = [a for a in kb.arg_bindings if a is not None]  # the scale is an attribute
+        kb.yield_results(*impl_helper.call_function(func, *tensors))
