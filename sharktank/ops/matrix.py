@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, cut_like_split, offsets, replicated_of, split_of, unreduced_of
+from ._context import setting
 from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
 from .elementwise import add
@@ -171,8 +172,7 @@ BlockKernel = Callable[[torch.Tensor, QuantizedTensor], "torch.Tensor | None"]
 _BLOCK_KERNEL: contextvars.ContextVar[BlockKernel | None] = contextvars.ContextVar("block_kernels", default=None)
 
 
-@contextlib.contextmanager
-def block_kernels(kernel: BlockKernel | None) -> Iterator[None]:
+def block_kernels(kernel: BlockKernel | None) -> contextlib.AbstractContextManager[None]:
     """While active, a traced block product (``x @ w.T`` for a quantized 2-D ``w`` and a
     static number of rows of ``x`` up to ``_BLOCK_PRODUCT_ROWS``) is ``kernel(x, w)``, or
     :meth:`QuantizedTensor.product` where it returns None (a layout it has no kernel for).
@@ -180,11 +180,7 @@ def block_kernels(kernel: BlockKernel | None) -> Iterator[None]:
     Export passes :func:`sharktank.export.kernels.block_product` for the CPU target: its
     hand-written dispatches read the blocks at about the machine's read bandwidth where
     IREE's code for the torch form is compute-bound. ``None`` turns kernels off."""
-    token = _BLOCK_KERNEL.set(kernel)
-    try:
-        yield
-    finally:
-        _BLOCK_KERNEL.reset(token)
+    return setting(_BLOCK_KERNEL, kernel)
 
 
 def _blocks_times(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, like, norm_dim, offsets, unreduced_of
+from ._context import setting
 from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
 from .elementwise import shardwise
@@ -138,8 +139,7 @@ def _sdpa_torch(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=Fals
 _AS_MATMULS = contextvars.ContextVar("attention_as_matmuls", default=False)
 
 
-@contextlib.contextmanager
-def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
+def attention_as_matmuls(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """While active, :func:`scaled_dot_product_attention` is computed unfused, as scores, a
     softmax and a product with the values (eagerly and when traced), instead of one fused
     attention op.
@@ -150,19 +150,14 @@ def attention_as_matmuls(enabled: bool = True) -> Iterator[None]:
     grouped KV head is not repeated: the query heads it serves are stacked into one operand,
     and the score product is a multiply-and-sum (one reduction kernel in IREE, reading the
     cache as stored); with a dynamic one (prefill) K and V are repeated per query head."""
-    token = _AS_MATMULS.set(enabled)
-    try:
-        yield
-    finally:
-        _AS_MATMULS.reset(token)
+    return setting(_AS_MATMULS, enabled)
 
 
 AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], "torch.Tensor | None"]
 _ATTENTION_KERNEL: contextvars.ContextVar[AttentionKernel | None] = contextvars.ContextVar("attention_kernels", default=None)
 
 
-@contextlib.contextmanager
-def attention_kernels(kernel: AttentionKernel | None) -> Iterator[None]:
+def attention_kernels(kernel: AttentionKernel | None) -> contextlib.AbstractContextManager[None]:
     """While active, a traced :func:`scaled_dot_product_attention` (not ``is_causal``; per
     shard) is first offered to ``kernel(q, k, v, mask, scale)``, with the operands as the op
     takes them (k and v in their own dtype) and ``scale`` resolved; where it returns None
@@ -171,11 +166,7 @@ def attention_kernels(kernel: AttentionKernel | None) -> Iterator[None]:
     Export passes :func:`sharktank.export.kernels.decode_attention` for the CPU target: one
     dispatch for a decode step's attention over the cache, reading only the entries the mask
     keeps. ``None`` turns it off."""
-    token = _ATTENTION_KERNEL.set(kernel)
-    try:
-        yield
-    finally:
-        _ATTENTION_KERNEL.reset(token)
+    return setting(_ATTENTION_KERNEL, kernel)
 
 
 def _masked(s, a):

@@ -92,13 +92,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     :func:`sharktank.ops.attention_kernels` takes. None where it does not apply: another
     query length or rank, symbolic sizes, a mask per head or not boolean, dtypes other than
     float32, bfloat16, float16, or T not a multiple of ``attention.CHUNK``."""
-    from . import attention as dispatch
+    from .attention import CHUNK
     from .custom_op import ELEMENT_TYPES, sharktank_decode_attention
 
     if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape or not all(isinstance(d, int) for d in (*q.shape, *k.shape)):
         return None
     (b, h, l, e), (kb, kvh, t, ke) = q.shape, k.shape
-    if l != 1 or kb != b or ke != e or h % kvh or t % dispatch.CHUNK or q.dtype not in ELEMENT_TYPES or k.dtype not in ELEMENT_TYPES or v.dtype != k.dtype:
+    if l != 1 or kb != b or ke != e or h % kvh or t % CHUNK or q.dtype not in ELEMENT_TYPES or k.dtype not in ELEMENT_TYPES or v.dtype != k.dtype:
         return None
     if mask is None:
         live = torch.ones(b, t, dtype=torch.int8)

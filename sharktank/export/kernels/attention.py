@@ -29,23 +29,24 @@ CHUNK = 16  # cache entries per step of the walk (the mask of one chunk: one 16-
 _FLOATS = ("f32", "bf16", "f16")
 
 
-def _scale_tag(scale: float) -> str:
-    return struct.pack("<f", scale).hex()  # the float32 bits: names differ where scales do
+def _bits(scale: float) -> str:
+    """The float32 bits of ``scale`` in hex: its MLIR literal, and its part of the name."""
+    return struct.pack(">f", scale).hex().upper()
 
 
 def function_name(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
-    return f"sharktank_decode_attention_{b}x{h}x{t}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_scale_tag(scale)}"
+    return f"sharktank_decode_attention_{b}x{h}x{t}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
 
 
-def _chunk(g: int, e: int, kv_elem: str, k_t: str, v_t: str) -> str:
+def _chunk(g: int, e: int, kv_elem: str, kv_t: str) -> str:
     """The body of an active chunk at ``%c`` (entries ``%c .. %c + 15``): from the running
     ``%m{j}``, ``%l{j}``, ``%a{j}`` to the yielded ``%mn{j}``, ``%ln{j}`` and (the last
     entry's) ``%a{j}_15``."""
     ve, v16 = f"vector<{e}xf32>", "vector<16xf32>"
     lines = []
 
-    def row(cache: str, t_: str, tt: int, name: str) -> None:
-        load = f"vector.load %{cache}[%b, %t{tt}, %h, %c0] : {t_}, vector<{e}x{kv_elem}>"
+    def row(cache: str, tt: int, name: str) -> None:
+        load = f"vector.load %{cache}[%b, %t{tt}, %h, %c0] : {kv_t}, vector<{e}x{kv_elem}>"
         if kv_elem == "f32":
             lines.append(f"%{name}{tt} = {load}")
         else:
@@ -53,7 +54,7 @@ def _chunk(g: int, e: int, kv_elem: str, k_t: str, v_t: str) -> str:
 
     for tt in range(CHUNK):
         lines += [f"%tt{tt} = arith.constant {tt} : index", f"%t{tt} = arith.addi %c, %tt{tt} : index"]
-        row("k", k_t, tt, "kr")
+        row("k", tt, "kr")
         for j in range(g):
             lines += [f"%p{j}_{tt} = arith.mulf %q{j}, %kr{tt} : {ve}", f"%s{j}_{tt} = vector.reduction <add>, %p{j}_{tt} : {ve} into f32"]
     for j in range(g):
@@ -75,7 +76,7 @@ def _chunk(g: int, e: int, kv_elem: str, k_t: str, v_t: str) -> str:
         ]
     current = [f"%a{j}_c" for j in range(g)]
     for tt in range(CHUNK):
-        row("v", v_t, tt, "vr")
+        row("v", tt, "vr")
         # A masked entry's values count 0 whatever they are (0 * NaN would be NaN).
         lines += [f"%lv{tt} = vector.extract %live[{tt}] : i1 from vector<16xi1>", f"%vz{tt} = arith.select %lv{tt}, %vr{tt}, %zero_e : {ve}"]
         for j in range(g):
@@ -124,9 +125,6 @@ def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: s
             out = f"%ot{j}"
         stores.append(f"vector.store {out}, %out[%b, %hq{j}, %c0] : {q_t}, vector<{e}x{q_elem}>")
 
-    def indent(text: str | list[str], spaces: int) -> str:
-        return _indent(text if isinstance(text, str) else "\n".join(text), spaces)
-
     q_tensor, kv_tensor, m_tensor = f"tensor<{b}x{h}x{e}x{q_elem}>", f"tensor<{b}x{t}x{kvh}x{e}x{kv_elem}>", f"tensor<{b}x{t}xi8>"
     sig = ", ".join(types)
     return f"""module {{
@@ -148,7 +146,7 @@ stream.executable private @{name}_exe {{
       %ninf16 = arith.constant dense<0xFF800000> : vector<16xf32>
       %zero_e = arith.constant dense<0.0> : {ve}
       %zero_m = arith.constant dense<0> : vector<16xi8>
-      %scale = arith.constant 0x{struct.pack(">f", scale).hex().upper()} : f32
+      %scale = arith.constant 0x{_bits(scale)} : f32
       %scalev = vector.broadcast %scale : f32 to {ve}
       %q = stream.binding.subspan %qb[%c0] : !stream.binding -> {q_t}
       %k = stream.binding.subspan %kb[%c0] : !stream.binding -> {kv_t}
@@ -159,20 +157,20 @@ stream.executable private @{name}_exe {{
       %b = arith.divui %wg, %ckvh : index
       %h = arith.remui %wg, %ckvh : index
       %h0 = arith.muli %h, %cg : index
-{indent(queries, 6)}
+{_indent(chr(10).join(queries), 6)}
       %r:{n} = scf.for %c = %c0 to %ct step %c16 iter_args({inits}) -> ({sig}) {{
         %mk = vector.load %mask[%b, %c] : {m_t}, vector<16xi8>
         %live = arith.cmpi ne, %mk, %zero_m : vector<16xi8>
         %any = vector.reduction <or>, %live : vector<16xi1> into i1
         %s:{n} = scf.if %any -> ({sig}) {{
-{indent(_chunk(g, e, kv_elem, kv_t, kv_t), 10)}
+{_indent(_chunk(g, e, kv_elem, kv_t), 10)}
           scf.yield {", ".join(new)} : {sig}
         }} else {{
           scf.yield {", ".join(state)} : {sig}
         }}
         scf.yield {", ".join(f"%s#{i}" for i in range(n))} : {sig}
       }}
-{indent(stores, 6)}
+{_indent(chr(10).join(stores), 6)}
       return
     }}
   }}
