@@ -2,8 +2,8 @@
 
     python tools/bench_exchange.py [--exchanges 16] [--rounds 7] [--inner 100]
 
-Two programs of ``--exchanges`` steps each, compiled for ``local-task`` and timed side by
-side (interleaved rounds):
+Two programs of ``--exchanges`` steps each, compiled for cpu with the flags artifacts get,
+run on ``local-task`` and timed side by side (interleaved rounds):
 
 - *two devices*: each step, each device applies a small elementwise op to its own 2048-float
   vector, then the two swap vectors and add (as a two-device all-reduce does), so each device
@@ -42,17 +42,15 @@ class _Exchange(torch.nn.Module):
 
 
 def _session(steps: int, devices: int):
-    import iree.compiler as ic
     from iree.turbine import aot
 
+    from sharktank.export.compile import compile_mlir
     from sharktank.runtime.session import Session
 
     x = torch.randn(2048)
     y = torch.randn(2048)
     e = aot.export(_Exchange(steps, devices), args=(x, y), arg_device={0: aot.DeviceAffinity(0), 1: aot.DeviceAffinity(devices - 1)})
-    flags = ["--iree-input-type=torch", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]
-    flags += [f"--iree-hal-target-device=local[{i}]" for i in range(devices)]
-    session = Session(ic.compile_str(str(e.mlir_module), extra_args=flags), devices)
+    session = Session(compile_mlir(str(e.mlir_module), devices), devices)  # the flags artifacts get
     args = [session.place(x.numpy(), 0), session.place(y.numpy(), devices - 1)]
     want = _Exchange(steps, devices)(x, y)
     got = [np.asarray(r.to_host()) for r in session.invoke("main", args)]
