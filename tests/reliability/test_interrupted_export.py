@@ -125,6 +125,8 @@ def test_killed_export_leaves_the_old_output_or_none(tmp_path, toy_artifact, sma
 @soak
 def test_kill_sweep_soak(tmp_path, toy_artifact, small_model, old_ids, figure):
     """Many seeded kill points over every phase, with and without an old output and compile."""
+    # Each kill_once asserts what the kill left (the old output, none, or a whole new one
+    # that runs); the tally is only reported.
     rng = random.Random(2024)
     phases = [(None, 8.0), ("exporting", 4.0), ("exported in", 0.3), ("parameter archives", 0.02), ("compiling for", 4.0), ("compiled in", 0.05)]
     outcomes = {}
