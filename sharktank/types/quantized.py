@@ -1,4 +1,4 @@
-"""Quantized tensors in GGML block layouts (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), kept as stored.
+"""Quantized tensors in GGML block layouts, kept as stored.
 
 A :class:`QuantizedTensor` of logical shape ``[..., K]`` holds ``K // block_size`` blocks per
 row of its last dimension, each ``block_bytes`` bytes, in a uint8 tensor of shape
@@ -9,11 +9,25 @@ program can dequantize inside a product). The layouts, per block:
 - ``Q8_0`` (32 values, 34 bytes): a float16 scale ``d``, 32 int8 ``q``; ``x = d * q``.
 - ``Q4_0`` (32 values, 18 bytes): ``d``, 16 bytes of 4-bit ``q`` (low nibbles are values
   0-15, high nibbles 16-31); ``x = d * (q - 8)``.
+- ``Q4_1`` (32 values, 20 bytes): ``d``, ``m`` (float16), 16 bytes of 4-bit ``q``; ``x = d * q + m``.
+- ``Q5_0`` (32 values, 22 bytes): ``d``, 4 bytes holding each value's fifth bit (bit ``i`` of the
+  little-endian word for value ``i``), 16 bytes of low 4 bits as Q4_0; ``x = d * (q - 16)``.
+- ``Q5_1`` (32 values, 24 bytes): ``d``, ``m``, the fifth bits, the low 4 bits; ``x = d * q + m``.
+- ``IQ4_NL`` (32 values, 18 bytes): as Q4_0, but each nibble indexes a fixed table of 16 int8
+  levels; ``x = d * level[q]``.
+- ``Q2_K`` (256 values, 84 bytes): 16 bytes of 4-bit scale / 4-bit min pairs, 64 bytes of 2-bit
+  ``q``, ``d``, ``dmin``; sub-block ``j`` of 16: ``x = d*sc_j*q - dmin*m_j``.
+- ``Q3_K`` (256 values, 110 bytes): 32 bytes of high bits, 64 bytes of 2-bit low bits, 12
+  bytes of sixteen 6-bit scales, ``d``; sub-block ``j`` of 16: ``x = d * (sc_j - 32) * q``
+  with ``q = low - 4`` where the high bit is clear, ``low`` where it is set.
 - ``Q4_K`` (256 values, 144 bytes): ``d``, ``dmin`` (float16), 12 bytes of eight 6-bit scales
   and eight 6-bit mins, 128 bytes of 4-bit ``q``; sub-block ``j`` of 32: ``x = d*sc_j*q - dmin*m_j``.
 - ``Q5_K`` (256 values, 176 bytes): as Q4_K plus 32 bytes holding each value's fifth bit.
 - ``Q6_K`` (256 values, 210 bytes): 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16
   int8 scales, ``d``; sub-block ``j`` of 16: ``x = d * sc_j * (q - 32)``.
+- ``IQ4_XS`` (256 values, 136 bytes): ``d``, 2 bytes of high and 4 bytes of low scale bits
+  (eight 6-bit scales), 128 bytes of nibbles as IQ4_NL's; sub-block ``j`` of 32:
+  ``x = d * (sc_j - 32) * level[q]``.
 
 Types know nothing of ops: this module is data and its expansion.
 """
@@ -71,6 +85,81 @@ def _q8_0(b):
 def _q4_0(b):
     q = _nibbles(b[..., 2:18], -2) - 8  # [.., nibble 2, 16]: values 0-15, 16-31
     return q, _f16(b[..., 0:2])[..., None].expand(*b.shape[:-1], 2), None
+
+
+def _q4_1(b):
+    q = _nibbles(b[..., 4:20], -2)  # [.., nibble 2, 16]: values 0-15, 16-31
+    lead = (*b.shape[:-1], 2)
+    return q, _f16(b[..., 0:2])[..., None].expand(lead), _f16(b[..., 2:4])[..., None].expand(lead)
+
+
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """The fifth bit of each of 32 values from 4 bytes, ``[.., nibble 2, 16]`` like :func:`_nibbles`:
+    value ``16 * h + l`` has bit ``l % 8`` of byte ``2 * h + l // 8``."""
+    bits = _shift(qh.reshape(*qh.shape[:-1], 2, 2, 1), _shifts(8, 1, (8,))) & 1
+    return bits.reshape(*qh.shape[:-1], 2, 16)
+
+
+def _q5_0(b):
+    q = (_nibbles(b[..., 6:22], -2) | (_fifth_bits(b[..., 2:6]) << 4)) - 16
+    return q, _f16(b[..., 0:2])[..., None].expand(*b.shape[:-1], 2), None
+
+
+def _q5_1(b):
+    q = _nibbles(b[..., 8:24], -2) | (_fifth_bits(b[..., 4:8]) << 4)
+    lead = (*b.shape[:-1], 2)
+    return q, _f16(b[..., 0:2])[..., None].expand(lead), _f16(b[..., 2:4])[..., None].expand(lead)
+
+
+# IQ4_NL's and IQ4_XS's 16 levels (non-uniform, denser near zero), as ggml defines them.
+_IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_levels(nibbles: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(_IQ4_LEVELS, dtype=torch.int32)[nibbles]
+
+
+def _iq4_nl(b):
+    q = _iq4_levels(_nibbles(b[..., 2:18], -2))
+    return q, _f16(b[..., 0:2])[..., None].expand(*b.shape[:-1], 2), None
+
+
+def _iq4_xs(b):
+    # Sub-block j of 32: the low 4 bits of its scale are nibble j % 2 of byte 2 + j // 2 (a
+    # pair of sub-blocks per byte), the high 2 bits are bits 2j, 2j+1 of the 16-bit word at 2.
+    low = _nibbles(b[..., 4:8], -1).flatten(-2)  # [.., 8]: byte-major, low nibble first
+    high = _shift(b[..., 2:4].reshape(*b.shape[:-1], 2, 1), _shifts(4, 2, (4,))).flatten(-2) & 3
+    scales = ((low | (high << 4)) - 32).float()  # [.., 8]
+    q = _iq4_levels(_nibbles(b[..., 8:136].reshape(*b.shape[:-1], 8, 16), -2))  # [.., 8, 2, 16]
+    return q.flatten(-2), _f16(b[..., 0:2])[..., None] * scales, None
+
+
+def _k_two_bits(qs: torch.Tensor) -> torch.Tensor:
+    """The 2-bit values of Q2_K / Q3_K, ``[.., half 2, shift 4, run 2, 16]``: each half of 128
+    values reads 32 bytes four times (bits 0-1, 2-3, 4-5, 6-7), a run of 16 bytes per group."""
+    return _shift(qs.reshape(*qs.shape[:-1], 2, 1, 2, 16), _shifts(4, 2, (4, 1, 1))) & 3
+
+
+def _q2_k(b):
+    sc = b[..., 0:16].reshape(*b.shape[:-1], 2, 4, 2).to(torch.int32)  # group order: half, shift, run
+    d, dmin = _f16(b[..., 80:82])[..., None, None, None], _f16(b[..., 82:84])[..., None, None, None]
+    return _k_two_bits(b[..., 16:80]), d * (sc & 0xF).float(), -(dmin * (sc >> 4).float())
+
+
+def _q3_k_scales(s: torch.Tensor) -> torch.Tensor:
+    """Sixteen 6-bit scales from 12 bytes, ``[.., 16]``: scale ``i``'s low 4 bits are nibble
+    ``i // 8`` of byte ``i % 8``, its high 2 bits are bits ``2 * (i // 4)`` of byte ``8 + i % 4``."""
+    low = _shift(s[..., None, 0:8], _shifts(2, 4, (2, 1))) & 0xF  # [.., 2, 8]
+    high = _shift(s[..., None, None, 8:12], _shifts(4, 2, (2, 2, 1))) & 3  # [.., 2, 2, 4]
+    return (low.reshape(high.shape) | (high << 4)).flatten(-3) - 32
+
+
+def _q3_k(b):
+    lead = b.shape[:-1]
+    high = _shift(b[..., None, None, 0:32].reshape(*lead, 1, 1, 2, 16), _shifts(8, 1, (2, 4, 1, 1))) & 1
+    q = _k_two_bits(b[..., 32:96]) + 4 * high - 4  # the high bit set: no 4 taken off
+    scales = _q3_k_scales(b[..., 96:108]).reshape(*lead, 2, 4, 2).float()
+    return q, _f16(b[..., 108:110])[..., None, None, None] * scales, None
 
 
 def _k_scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,9 +245,16 @@ LAYOUTS: dict[str, BlockLayout] = {
     for layout in (
         BlockLayout("Q8_0", 32, 34, _q8_0, scale_per_block=True),
         BlockLayout("Q4_0", 32, 18, _q4_0, scale_per_block=True),
+        BlockLayout("Q4_1", 32, 20, _q4_1, scale_per_block=True),
+        BlockLayout("Q5_0", 32, 22, _q5_0, scale_per_block=True),
+        BlockLayout("Q5_1", 32, 24, _q5_1, scale_per_block=True),
+        BlockLayout("IQ4_NL", 32, 18, _iq4_nl, scale_per_block=True),
+        BlockLayout("Q2_K", 256, 84, _q2_k),
+        BlockLayout("Q3_K", 256, 110, _q3_k),
         BlockLayout("Q4_K", 256, 144, _q4_k),
         BlockLayout("Q5_K", 256, 176, _q5_k),
         BlockLayout("Q6_K", 256, 210, _q6_k),
+        BlockLayout("IQ4_XS", 256, 136, _iq4_xs),
     )
 }
 
@@ -270,7 +366,7 @@ class QuantizedTensor:
         the blocks. Eagerly it costs the values' memory for every row of ``x`` (use it for
         few rows). Computed in float32; the result has ``x``'s dtype.
 
-        Layouts whose scale is the block's own (``scale_per_block``: Q8_0, Q4_0) form every
+        Layouts whose scale is the block's own (``scale_per_block``: Q8_0, Q4_x, Q5_x, IQ4_NL) form every
         value and reduce a row in one pass. K-quants, whose 6-bit sub-block scales are unpacked
         from shared bytes, first sum ``x * q`` per group of values, then scale the groups'
         sums (and add each offset times the sum of ``x``'s group): unpacking the scales per

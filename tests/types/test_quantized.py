@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from sharktank.types import LAYOUTS, QuantizationError, QuantizedTensor
 
 # Where each layout keeps its float16 scales (random bytes there could be inf or NaN).
-_SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_SCALE_OFFSETS = {
+    "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
+}
+
+
+def test_every_layout_has_its_scales_listed_here():
+    assert set(_SCALE_OFFSETS) == set(LAYOUTS)
 
 
 def _random_blocks(name: str, count: int, seed: int) -> np.ndarray:
@@ -44,6 +51,23 @@ def test_dequantize_equals_gguf(name, rows, blocks, seed):
     assert torch.equal(got, torch.from_numpy(want.astype(np.float32)))
 
 
+def test_blocks_of_the_real_model_dequantize_as_gguf_does(smollm2_gguf):
+    # Blocks written by llama.cpp's quantizer (Q4_1 and the Q8_0 embedding), not random bytes.
+    reader = gguf.GGUFReader(str(smollm2_gguf))
+    seen = set()
+    for rt in reader.tensors:
+        kind = rt.tensor_type.name
+        if kind not in LAYOUTS or kind in seen:
+            continue
+        seen.add(kind)
+        rows = np.asarray(rt.data)[:64]  # [rows, bytes per row]
+        shape = (rows.shape[0], int(rt.shape[0]))
+        want = gguf.quants.dequantize(rows, rt.tensor_type)
+        got = QuantizedTensor(kind, shape, torch.from_numpy(rows.copy()), name=rt.name).dequantize()
+        assert torch.equal(got, torch.from_numpy(want.astype(np.float32))), rt.name
+    assert seen == {"Q4_1", "Q8_0"}
+
+
 def test_q8_0_of_real_weights_roundtrips_within_its_step():
     w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
     raw = gguf.quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
@@ -59,8 +83,8 @@ def test_q8_0_of_real_weights_roundtrips_within_its_step():
 
 def test_bad_blocks_are_refused_naming_the_tensor():
     ok = torch.zeros(2 * 34, dtype=torch.uint8)
-    with pytest.raises(QuantizationError, match=r"blk\.0\.attn_q\.weight: quantization 'Q3_K' is not supported; supported: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"):
-        QuantizedTensor("Q3_K", (1, 64), ok, name="blk.0.attn_q.weight")
+    with pytest.raises(QuantizationError, match=r"blk\.0\.attn_q\.weight: quantization 'IQ2_XXS' is not supported; supported: Q8_0, Q4_0, Q4_1, .*IQ4_XS"):
+        QuantizedTensor("IQ2_XXS", (1, 256), ok, name="blk.0.attn_q.weight")
     with pytest.raises(QuantizationError, match=r"w: shape \[1, 48\]: the last dim must be a multiple of Q8_0's block size 32"):
         QuantizedTensor("Q8_0", (1, 48), ok, name="w")
     with pytest.raises(QuantizationError, match=r"w: Q8_0 \[1, 64\] needs 68 bytes .* found 67"):
@@ -97,7 +121,7 @@ def _quantized_weight(name: str, rows: int, blocks_per_row: int, seed: int = 7) 
     return QuantizedTensor(name, (rows, blocks_per_row * LAYOUTS[name].block_size), raw, name="w")
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_sharded_quantized_linear_equals_the_dequantized_one(name):
     # Column-parallel (rows split, any count), row-parallel (input split at whole blocks,
     # then all_reduce), replicated; pinned weights keep the placement rule's behaviour.
