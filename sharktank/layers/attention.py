@@ -45,12 +45,13 @@ def _entries_at(cache, positions, b: int, s: int):
 
 
 def attention(
-    x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, mask=None, padding=None
+    x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None
 ):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
-    optional ``q_bias``...). ``mask``: :func:`causal_mask` of ``positions`` over the cache
-    length, when the caller already has it (blocks that share positions share it); computed
-    here otherwise. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
+    optional ``q_bias``...), and optionally ``q_norm`` and ``k_norm``: Qwen3's ``[head_dim]``
+    RMSNorm weights (epsilon ``eps``), applied to each q and k head before rotary. ``mask``:
+    :func:`causal_mask` of ``positions`` over the cache length, when the caller already has
+    it (blocks that share positions share it); computed here otherwise. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
     and values are not kept: the cache entries they would write keep their contents (the
     old entries are read into the written values, so the write depends on the read).
     Returns ``(output, (k_cache, v_cache))``."""
@@ -59,6 +60,8 @@ def attention(
     q = ops.reshape(ops.linear(x, w["q"], w.get("q_bias")), [b, s, num_heads, head_dim])
     k = ops.reshape(ops.linear(x, w["k"], w.get("k_bias")), [b, s, num_kv_heads, head_dim])
     v = ops.reshape(ops.linear(x, w["v"], w.get("v_bias")), [b, s, num_kv_heads, head_dim])
+    if "q_norm" in w:  # per head: the normalized dim (head_dim) is never the split one (heads)
+        q, k = ops.rms_norm(q, w["q_norm"], epsilon=eps), ops.rms_norm(k, w["k_norm"], epsilon=eps)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     rows = torch.arange(b)[:, None].expand(b, s)

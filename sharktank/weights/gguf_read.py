@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import torch
@@ -63,11 +63,16 @@ class GgufFile:
     fields: dict[str, Any]
     tensors: dict[str, GgufTensor]
 
+    @property
+    def architecture(self) -> str:
+        """``general.architecture``: the model family, and the prefix of its metadata keys."""
+        return self.fields["general.architecture"]
 
-def read_gguf(path: str | os.PathLike, *, architecture: str) -> GgufFile:
+
+def read_gguf(path: str | os.PathLike, *, architectures: Collection[str]) -> GgufFile:
     """The metadata and tensor infos of the GGUF file ``path``, whose ``general.architecture``
-    must be ``architecture``. A missing or damaged file, another architecture, or a tensor of
-    an unsupported ggml type or inconsistent size raises :class:`WeightsError`."""
+    must be one of ``architectures``. A missing or damaged file, another architecture, or a
+    tensor of an unsupported ggml type or inconsistent size raises :class:`WeightsError`."""
     from gguf import GGUFReader
 
     if not Path(path).is_file():
@@ -78,8 +83,9 @@ def read_gguf(path: str | os.PathLike, *, architecture: str) -> GgufFile:
         fields = {name: field.contents() for name, field in reader.fields.items()}
     except Exception as e:  # the reader raises ValueError/KeyError/IndexError... by case
         raise WeightsError(f"not a readable GGUF file: {type(e).__name__}: {e}", path=path) from None
-    if fields.get("general.architecture") != architecture:
-        raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected {architecture!r}", path=path)
+    if fields.get("general.architecture") not in architectures:
+        expected = ", ".join(repr(a) for a in architectures)
+        raise WeightsError(f"general.architecture is {fields.get('general.architecture')!r}, expected one of {expected}", path=path)
     tensors = {rt.name: _tensor(path, rt) for rt in reader.tensors}
     del reader  # its memory map: reads are positioned reads of the file
     return GgufFile(str(path), fields, tensors)

@@ -1,5 +1,5 @@
-"""Reference models from transformers, built from a config with random weights, and the
-tolerance our logits are held to against them."""
+"""Reference models from transformers (Llama, Qwen2, Qwen3, Mistral), built from a config with
+random weights, and the tolerance our logits are held to against them."""
 
 from __future__ import annotations
 
@@ -72,15 +72,59 @@ def hf_llama(num_layers: int = 4, rope_scaling: bool = False, qwen: bool = False
         if biases:  # Llama with attention_bias (q, k, v and o) and mlp_bias
             kwargs.update(attention_bias=True, mlp_bias=True)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
+    return _prepared(model)
+
+
+def _prepared(model):
+    """``(model, our config, theta)`` after giving ``model`` non-trivial norm weights and
+    biases (transformers starts biases at zero), so that one applied wrongly, or not at all,
+    shows, and sharp attention (QK_SCALE; QK_NORM_SCALE where q/k are normalized per head)."""
     model.eval()
-    # Non-trivial norm weights and biases (transformers starts biases at zero), so that one
-    # applied wrongly, or not at all, shows; sharp attention (QK_SCALE).
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(QK_SCALE)
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.mul_(QK_NORM_SCALE)
     config = LlamaConfig.from_hf(model.config.to_dict())
-    theta = Theta({k: v.detach().clone() for k, v in model.state_dict().items() if "rotary" not in k})
+    # A tied LM head is the embedding: the theta holds it once, as the checkpoint loaders give it.
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    theta = Theta({k: v.detach().clone() for k, v in model.state_dict().items() if "rotary" not in k and k not in tied})
     return model, config, theta
+
+
+# Qwen3 normalizes each q and k head (RMS 1 times its norm weight), which undoes QK_SCALE on
+# the projections: its scores q.k/sqrt(head_dim) are then about N(0, 1). Scaling both norm
+# weights by 2 multiplies the scores by 4: in hf_family("qwen3") the mean top attention
+# weight of queries 8..47 is then 0.63 and 0.59 in its two blocks (qwen2 and mistral, with
+# QK_SCALE: 0.18 and 0.19; uniform attention over those positions would give about 0.04).
+QK_NORM_SCALE = 2.0
+
+# The tiny family references: 2 blocks, hidden 64, 4 heads / 2 KV heads (tp 2 divides them).
+# Qwen3's head_dim is 32, twice hidden / heads: its q/k/o shapes and norms see the difference.
+FAMILY_KWARGS = dict(
+    vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_family(kind: str, tie: bool = False, seed: int = 0, **extra):
+    """(transformers model, our config, theta) for a tiny random ``kind`` model: ``qwen2``,
+    ``qwen3`` (head_dim 32) or ``mistral``; ``tie``: tied word embeddings; ``extra``: more
+    config keys."""
+    import transformers
+
+    torch.manual_seed(seed)
+    kwargs = dict(FAMILY_KWARGS, tie_word_embeddings=tie, **extra)
+    if kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(rope_theta=1000000.0, **kwargs))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(rope_theta=1000000.0, head_dim=32, **kwargs))
+    elif kind == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**kwargs))
+    else:
+        raise ValueError(f"no reference for {kind!r}; expected qwen2, qwen3 or mistral")
+    return _prepared(model)

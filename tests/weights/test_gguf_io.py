@@ -216,11 +216,12 @@ def test_inconsistent_file(good_file, tmp_path, damage):
         expect = ["blk.0.attn_qkv.weight"]
     elif damage == "quantized":
         w = tensors["blk.0.ffn_up.weight"][0]
-        # A quantization with no layout here (Q8_0, Q4_0, Q4_K, Q5_K and Q6_K load).
-        tensors["blk.0.ffn_up.weight"] = (quantize(w, GGMLQuantizationType.Q5_1), GGMLQuantizationType.Q5_1)
-        expect = ["blk.0.ffn_up.weight", "Q5_1 is not supported", "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"]
+        # A quantization with no layout here (MXFP4: 32 values in 17 bytes; zero blocks are valid).
+        blocks = np.zeros((w.shape[0], w.shape[1] // 32 * 17), np.uint8)
+        tensors["blk.0.ffn_up.weight"] = (blocks, GGMLQuantizationType.MXFP4)
+        expect = ["blk.0.ffn_up.weight", "MXFP4 is not supported", "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS"]
     else:
-        arch, expect = "qwen2", ["qwen2"]
+        arch, expect = "gemma", ["'gemma'", "expected one of 'llama', 'qwen2', 'qwen3'"]
     _write_raw(tmp_path / "raw.gguf", keys, tensors, arch)
     with pytest.raises(WeightsError) as err:
         load_gguf(tmp_path / "raw.gguf")

@@ -1,9 +1,11 @@
-"""Llama-family hyperparameters."""
+"""Llama-family hyperparameters (Llama, Mistral, Qwen2, Qwen3: see :mod:`.families`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .families import Family, family, family_of_model_type
 
 __all__ = ["LlamaConfig"]
 
@@ -27,8 +29,10 @@ class LlamaConfig:
     o_bias: bool = False  # o_proj bias (Llama's attention_bias; not Qwen2)
     mlp_bias: bool = False  # gate/up/down biases (Llama's mlp_bias)
     tie_word_embeddings: bool = False
+    architecture: str = "llama"  # the family (llama.cpp's name for it): llama, qwen2 or qwen3
 
     def __post_init__(self) -> None:
+        family(self.architecture)  # refuses an unknown one, naming the known
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LlamaConfig.{name} must be >= 1, found {getattr(self, name)}")
@@ -39,6 +43,11 @@ class LlamaConfig:
                 raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
+    @property
+    def family(self) -> Family:
+        """What this config's architecture adds to the Llama layout (q/k norms, GGUF q/k order)."""
+        return family(self.architecture)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -48,7 +57,9 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "LlamaConfig":
-        """From a Hugging Face ``config.json`` dict (Llama, Mistral, Qwen2 layouts)."""
+        """From a Hugging Face ``config.json`` dict (``model_type`` llama, mistral, qwen2 or
+        qwen3; llama when absent). Sliding-window attention is refused (see :func:`_sliding_window`)."""
+        fam = family_of_model_type(d.get("model_type", "llama"))
         rope = d.get("rope_parameters") or {}
         scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling is not None:
@@ -58,6 +69,15 @@ class LlamaConfig:
             scaling = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
             scaling["rope_type"] = "llama3"
         heads = d["num_attention_heads"]
+        max_positions = d.get("max_position_embeddings", 2048)
+        window = _sliding_window(d)
+        if window is not None and window < max_positions:
+            raise ValueError(
+                f"sliding-window attention is not supported: sliding_window={window} is smaller than "
+                f"max_position_embeddings={max_positions} (a query past position {window - 1} would see only the "
+                f"last {window} keys; this model attends to all of them)"
+            )
+        attention_bias = bool(d.get("attention_bias", False))
         return cls(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
@@ -69,9 +89,29 @@ class LlamaConfig:
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
             rope_theta=d.get("rope_theta", rope.get("rope_theta", 10000.0)),
             rope_scaling=scaling,
-            max_seq_len=d.get("max_position_embeddings", 2048),
-            attention_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
-            o_bias=bool(d.get("attention_bias", False)) and d.get("model_type") != "qwen2",
+            max_seq_len=max_positions,
+            attention_bias=attention_bias if fam.qkv_bias is None else fam.qkv_bias,
+            o_bias=attention_bias if fam.o_bias is None else fam.o_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            architecture=fam.name,
         )
+
+
+def _sliding_window(d: dict[str, Any]) -> int | None:
+    """The attention window of a Hugging Face config, if any of its layers uses one.
+
+    ``layer_types`` (transformers 5 writes it) says which layers slide. Without it, Qwen2/Qwen3
+    slide only with ``use_sliding_window`` and only from layer ``max_window_layers`` (28 by
+    default) on, as transformers builds them; Mistral slides in every layer when
+    ``sliding_window`` is set.
+    """
+    window = d.get("sliding_window")
+    if window is None:
+        return None
+    if d.get("layer_types") is not None:
+        return window if "sliding_attention" in d["layer_types"] else None
+    if d.get("model_type") in ("qwen2", "qwen3"):
+        slides = d.get("use_sliding_window", False) and d.get("max_window_layers", 28) < d["num_hidden_layers"]
+        return window if slides else None
+    return window

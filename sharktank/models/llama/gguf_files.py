@@ -1,9 +1,11 @@
-"""Llama models as llama.cpp GGUF files (f32, f16, bf16 and quantized tensors).
+"""Llama-family models as llama.cpp GGUF files (f32, f16, bf16 and quantized tensors), of the
+architectures in :data:`.families.FAMILIES` (``llama``, ``qwen2``, ``qwen3``).
 
 The file's names, metadata keys and q/k row order are llama.cpp's (:mod:`.gguf_names`,
 :mod:`.gguf_config`); the config and theta these functions take and give are ours, in the
-Hugging Face layout (:mod:`.layout`): :func:`save_gguf` interleaves q/k for llama.cpp and
-:func:`load_gguf` undoes it, so a round trip returns the Hugging Face tensors exactly. The
+Hugging Face layout (:mod:`.layout`): for ``llama`` :func:`save_gguf` interleaves q/k as
+llama.cpp does and :func:`load_gguf` undoes it, so a round trip returns the Hugging Face
+tensors exactly. The config's ``architecture`` is the file's. The
 bytes are read and written by the model-agnostic GGUF functions of ``sharktank.weights``.
 The files carry no tokenizer.
 """
@@ -16,14 +18,15 @@ from ...types import QuantizedTensor
 from ...weights import Theta, WeightSource, WeightsError, quantized_entries, read_gguf, tensor_entry, write_gguf
 from .config import LlamaConfig
 from .gguf_config import config_from_gguf, gguf_metadata, rope_freqs_array
-from .gguf_names import ARCH, ROPE_FREQS, interleave_rotary, is_rotary, to_gguf_name, to_hf_name
+from .families import FAMILIES
+from .gguf_names import ROPE_FREQS, interleave_rotary, is_rotary, to_gguf_name, to_hf_name
 from .layout import layout_problem, llama_shapes
 
 __all__ = ["load_gguf", "gguf_source", "save_gguf", "quantize_gguf"]
 
 
 def load_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, Theta]:
-    """Read a llama GGUF file into (config, theta) in the Hugging Face layout.
+    """Read a GGUF file (llama, qwen2 or qwen3) into (config, theta) in the Hugging Face layout.
 
     Every tensor is checked against the config the metadata describes; a damaged file,
     a missing key or tensor, or a wrong shape raises :class:`WeightsError` naming the
@@ -37,7 +40,7 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
     """A GGUF file's config and weights as a :class:`WeightSource`: shapes come from the
     tensor infos (checked as :func:`load_gguf` does); each tensor is read from the file
     (positioned reads, nothing left mapped) only when asked for."""
-    file = read_gguf(path, architecture=ARCH)
+    file = read_gguf(path, architectures=FAMILIES)
     infos, rope_freqs = {}, None
     for gguf_name, info in file.tensors.items():
         if gguf_name == ROPE_FREQS:  # llama.cpp's llama3 scaling, precomputed per frequency
@@ -45,7 +48,7 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
             continue
         hf_name = to_hf_name(gguf_name)
         if hf_name is None:
-            raise WeightsError("not a tensor of the llama architecture this loader knows", path=path, tensor=gguf_name)
+            raise WeightsError(f"not a tensor of the {file.architecture} architecture this loader knows", path=path, tensor=gguf_name)
         infos[hf_name] = info
     config = config_from_gguf(path, file.fields, infos, rope_freqs)
     problem = layout_problem({n: i.shape for n, i in infos.items()}, config)
@@ -58,13 +61,13 @@ def gguf_source(path: str | os.PathLike) -> tuple[LlamaConfig, WeightSource]:
         return t if isinstance(t, QuantizedTensor) else t.contiguous()
 
     specs = {n: infos[n].spec for n in llama_shapes(config)}
-    # Every tensor but q and k (reordered from llama.cpp's rotary layout) is stored as read.
-    spans = {n: (str(path), infos[n].offset) for n in specs if not is_rotary(n)}
+    # Every tensor but q and k of a llama file (reordered from llama.cpp's rotary layout) is stored as read.
+    spans = {n: (str(path), infos[n].offset) for n in specs if not is_rotary(n, config)}
     return config, WeightSource(specs, read, spans=spans, label=str(path))
 
 
 def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> None:
-    """Write a Hugging Face-layout Llama ``theta`` as a llama.cpp GGUF file.
+    """Write a Hugging Face-layout ``theta`` as a llama.cpp GGUF file of ``config.architecture``.
 
     ``theta`` must hold exactly the model's parameters (plain f32/f16/bf16 tensors or
     :class:`QuantizedTensor` blocks) with the shapes ``config`` implies. The file is written
@@ -102,4 +105,4 @@ def write_entries(path: str | os.PathLike, config: LlamaConfig, entries: list) -
     factors = rope_freqs_array(config)
     if factors is not None:
         entries = [*entries, (ROPE_FREQS, (factors.shape, factors.dtype, factors.nbytes, "F32"), lambda: factors)]
-    write_gguf(path, ARCH, gguf_metadata(config), entries)
+    write_gguf(path, config.architecture, gguf_metadata(config), entries)

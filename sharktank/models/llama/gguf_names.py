@@ -1,10 +1,13 @@
-"""The Llama tensors in a llama.cpp GGUF: their names and the q/k row order.
+"""The Llama-family tensors in a llama.cpp GGUF: their names and the q/k row order.
 
-llama.cpp names tensors ``token_embd.weight``, ``blk.<i>.attn_q.weight``...; this maps them
-to and from the Hugging Face names the model uses (:mod:`.layout`). llama.cpp stores the
-attn_q/attn_k weights (and biases) with each head's rows interleaved for its pairwise rotary
-embedding: :func:`interleave_rotary` converts between the two row orders, for plain tensors
-and for quantized blocks (the rows are whole blocks).
+llama.cpp names tensors ``token_embd.weight``, ``blk.<i>.attn_q.weight``... (the same in the
+``llama``, ``qwen2`` and ``qwen3`` architectures, Qwen3 adding ``attn_q_norm``/``attn_k_norm``);
+this maps them to and from the Hugging Face names the model uses (:mod:`.layout`). For the
+``llama`` architecture llama.cpp stores the attn_q/attn_k weights (and biases) with each
+head's rows interleaved for its pairwise rotary embedding; for qwen2/qwen3 it keeps them as
+Hugging Face does (:mod:`.families`). :func:`interleave_rotary` converts between the two row
+orders where the family needs it, for plain tensors and for quantized blocks (the rows are
+whole blocks).
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ import re
 from ...types import QuantizedTensor
 from .config import LlamaConfig
 
-__all__ = ["ARCH", "ROPE_FREQS", "to_gguf_name", "to_hf_name", "is_rotary", "interleave_rotary"]
+__all__ = ["ROPE_FREQS", "to_gguf_name", "to_hf_name", "is_rotary", "interleave_rotary"]
 
-ARCH = "llama"  # general.architecture, and the prefix of the metadata keys
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's llama3 rope scaling, one divisor per frequency
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -28,6 +30,8 @@ _LAYER_NAMES = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",  # qwen3
+    "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
@@ -63,24 +67,23 @@ def to_hf_name(gguf: str) -> str | None:
     return None
 
 
-def is_rotary(hf: str) -> bool:
-    """Whether GGUF stores the Hugging Face tensor ``hf`` in another row order (q and k)."""
-    return _ROTARY.search(hf) is not None
+def is_rotary(hf: str, config: LlamaConfig) -> bool:
+    """Whether a GGUF of ``config``'s architecture stores the Hugging Face tensor ``hf`` in
+    another row order (q and k of the ``llama`` architecture)."""
+    return config.family.gguf_rotary_interleaved and _ROTARY.search(hf) is not None
 
 
 def interleave_rotary(name: str, t, config: LlamaConfig, *, to_gguf: bool):
     """Reorder the rows of each q/k head of the Hugging Face tensor ``name`` between the HF
-    layout and llama.cpp's (``to_gguf``: HF -> llama.cpp); other tensors are returned as they are.
+    layout and llama.cpp's (``to_gguf``: HF -> llama.cpp); other tensors, and every tensor of
+    an architecture llama.cpp stores unpermuted, are returned as they are.
 
     HF keeps a head's rotary pairs as (row j, row j + head_dim/2); llama.cpp keeps them
     adjacent (rows 2j, 2j+1).
     """
-    if name.endswith(("q_proj.weight", "q_proj.bias")):
-        heads = config.num_heads
-    elif name.endswith(("k_proj.weight", "k_proj.bias")):
-        heads = config.num_kv_heads
-    else:
+    if not is_rotary(name, config):
         return t
+    heads = config.num_heads if ".q_proj." in name else config.num_kv_heads
     half = config.head_dim // 2
     split = (heads, 2, half) if to_gguf else (heads, half, 2)
     if isinstance(t, QuantizedTensor):  # rows are whole blocks: reorder the block rows

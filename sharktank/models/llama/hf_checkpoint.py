@@ -1,4 +1,5 @@
-"""Llama models as Hugging Face checkpoints: ``config.json`` plus safetensors (one file or sharded).
+"""Llama-family models (Llama, Mistral, Qwen2, Qwen3) as Hugging Face checkpoints: ``config.json``
+plus safetensors (one file or sharded).
 
 The safetensors files are read by the model-agnostic ``sharktank.weights.scan_checkpoint``;
 this module turns ``config.json`` into a :class:`LlamaConfig`, drops what is no parameter

@@ -1,4 +1,5 @@
-"""The Hugging Face Llama tensor layout a config implies: names and shapes.
+"""The Hugging Face Llama tensor layout a config implies: names and shapes (with Qwen3's
+q/k norms when its family has them).
 
 Every Llama file format loads into this layout and is checked against it
 (:func:`layout_problem`), whatever names the file itself uses.
@@ -30,6 +31,9 @@ def llama_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.o_proj.weight"] = (h, q)
         if config.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if config.family.qk_norm:  # Qwen3: one [head_dim] weight for every q head, one for every k head
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
         shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
         shapes[p + "mlp.up_proj.weight"] = (ffn, h)
         shapes[p + "mlp.down_proj.weight"] = (h, ffn)

@@ -150,6 +150,7 @@ class LlamaModel:
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask, padding=pad,
+                    eps=c.rms_norm_eps,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)

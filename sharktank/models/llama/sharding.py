@@ -2,10 +2,11 @@
 
 Column-parallel (split on the output dim, 0): q/k/v projections, gate and up (and their biases).
 Row-parallel (split on the input dim, 1): o and down; their outputs are partial sums that
-the layers all-reduce. Replicated: norms and the token embedding. The LM head is split on
-the vocabulary (column-parallel) and gathered at the end. KV heads are split across the
-tensor-parallel group, so ``tp`` must divide ``num_kv_heads`` (replicating KV heads is not
-supported). Every weight is pinned to its device group; activations are not.
+the layers all-reduce. Replicated: norms and the token embedding, and Qwen3's q/k norms (one
+``[head_dim]`` weight shared by every head: each device applies it to the heads it holds).
+The LM head is split on the vocabulary (column-parallel) and gathered at the end. KV heads
+are split across the tensor-parallel group, so ``tp`` must divide ``num_kv_heads``
+(replicating KV heads is not supported). Every weight is pinned to its device group; activations are not.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ _SHORT = {
     "mlp.gate_proj.weight": "gate",
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
     "input_layernorm.weight": "attn_norm",
     "post_attention_layernorm.weight": "ffn_norm",
 }
