@@ -155,6 +155,17 @@ def test_failed_export_keeps_the_previous_output(tp2pp2, tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["copy"]  # no temp directory left behind
 
 
+def test_an_odd_device_count_is_refused_before_tracing_because_iree_cannot_compile_it(tmp_path):
+    p = sharktank("export", "--model", "toy-llama-3l", "--pp", "3", "--output-dir", tmp_path / "a", check=False)
+    assert p.returncode == 2 and "over 3 devices does not compile with IREE 3.10" in p.stderr, p.stderr
+    assert not (tmp_path / "a").exists()
+    # The refusal stands for a real failure: the same program written with --no-compile does
+    # not compile (when a newer IREE compiles it, this fails and the refusal can go).
+    sharktank("export", "--model", "toy-llama-3l", "--pp", "3", "--max-seq-len", "16", "--no-compile", "--output-dir", tmp_path / "b")
+    p = sharktank("compile", tmp_path / "b", check=False)
+    assert p.returncode != 0 and "is not compatible with the partition affinity" in p.stderr, p.stderr[-2000:]
+
+
 def test_no_compile_then_compile_then_run(tmp_path):
     d = tmp_path / "one"
     sharktank("export", "--model", "toy-llama", "--max-seq-len", "16", "--no-compile", "--output-dir", d)
