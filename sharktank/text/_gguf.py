@@ -1,14 +1,26 @@
-"""A ``tokenizers.Tokenizer`` from a GGUF file's ``tokenizer.ggml.*`` metadata (llama.cpp keys).
+"""A ``tokenizers.Tokenizer`` from a GGUF file's ``tokenizer.ggml.*`` metadata (llama.cpp's keys).
 
-Supported: model ``gpt2`` (byte-level BPE: ``tokens`` and ``merges``, as Llama 3 files carry),
-with pre-tokenizer ``gpt2``/``default`` (GPT-2's split) or ``llama-bpe`` (Llama 3's split).
-Control tokens (token type 3) become special tokens: matched whole in text, skipped in decode.
+Supported kinds (``tokenizer.ggml.model``):
+
+- ``gpt2``: byte-level BPE (tokens and merges), split as ``tokenizer.ggml.pre`` names: each name in
+  :data:`~sharktank.text.pretokenizers.PRETOKENIZATIONS` is the split of that model's own
+  tokenizer.json (:mod:`.byte_bpe`);
+- ``llama``: SentencePiece pieces, scores and token types, BPE or unigram as the scores say, with
+  byte fallback and the "▁" space prefix (:mod:`.spm`).
+
+For both, control and unknown tokens (types 3, 2) become special tokens, user-defined ones (type 4)
+added tokens: matched whole in the text before it is split, control tokens skipped in decode. Text
+after such a token starts afresh (for SentencePiece: with its own "▁" prefix), as llama.cpp does.
+BOS/EOS are added as ``add_bos_token``/``add_eos_token`` say (BOS by default for ``llama`` and for
+Llama 3 / Tekken splits); EOT and EOM ids end a turn as EOS does. Anything else is
+:class:`UnsupportedTokenizer`, naming what was found and what is supported.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .gguf_vocab import GGUFVocab, TokenType, read_gguf_vocab
 from .tokenizer import HFTokenizer, TokenizerError
 
 __all__ = ["build_from_gguf", "UnsupportedTokenizer"]
@@ -18,67 +30,62 @@ class UnsupportedTokenizer(TokenizerError):
     """A GGUF tokenizer of a kind this module does not build."""
 
 
-# Llama 3's pre-tokenizer split (its tokenizer.json Split pattern; llama.cpp's "llama-bpe").
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE = ("gpt2", "default", "llama-bpe")
-_CONTROL, _USER_DEFINED = 3, 4
-
-
-def _pre_tokenizer(pre: str):
-    from tokenizers import Regex, pre_tokenizers
-
-    if pre == "llama-bpe":
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
 def build_from_gguf(path: Path) -> HFTokenizer:
-    from gguf import GGUFReader
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    """The tokenizer a GGUF file's metadata describes, with its BOS, EOS/EOT/EOM ids and chat template."""
+    vocab = read_gguf_vocab(Path(path))
+    build = {"gpt2": _byte_bpe, "llama": _sentencepiece}.get(vocab.model)
+    if build is None:
+        raise UnsupportedTokenizer(
+            f"{path}: GGUF tokenizer model {vocab.model!r} is not supported; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
+        )
+    try:
+        tok, add_bos, bos, eos = build(vocab)
+        _add_special_tokens(tok, vocab)
+    except Exception as e:  # the tokenizers library raises a bare Exception on a vocabulary it cannot take
+        if type(e) is not Exception:
+            raise
+        raise TokenizerError(f"{path}: the tokenizers library refused this {vocab.model!r} vocabulary ({str(e).splitlines()[0]})") from None
+    template = _template(vocab.tokens, bos if add_bos else None, eos if vocab.add_eos else None)
+    if template is not None:
+        from tokenizers import processors
 
-    fields = GGUFReader(str(path)).fields
+        tok.post_processor = processors.Sequence([s for s in (tok.post_processor, template) if s is not None])
+    ends = [i for i in (eos, vocab.eot, vocab.eom) if i is not None]
+    return HFTokenizer(tok, eos_token_ids=tuple(dict.fromkeys(ends)), bos_token_id=bos, chat_template=vocab.chat_template)
 
-    def get(key: str, default=None):
-        field = fields.get(f"tokenizer.{key}")
-        return default if field is None else field.contents()
 
-    kind = get("ggml.model")
-    if kind is None:
-        raise TokenizerError(f"{path}: no tokenizer metadata (tokenizer.ggml.model is absent)")
-    if kind != "gpt2":
-        raise UnsupportedTokenizer(f"{path}: GGUF tokenizer model {kind!r} is not supported; supported: 'gpt2' (byte-level BPE)")
-    pre = get("ggml.pre", "default")
-    if pre not in _PRE:
-        raise UnsupportedTokenizer(f"{path}: GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(_PRE)}")
-    tokens = get("ggml.tokens")
-    merges = get("ggml.merges")
-    if not tokens or merges is None:
-        raise TokenizerError(f"{path}: a 'gpt2' tokenizer needs tokenizer.ggml.tokens and tokenizer.ggml.merges; found {'merges' if tokens else 'no tokens'}")
-    types = get("ggml.token_type") or [1] * len(tokens)
-    if len(types) != len(tokens):
-        raise TokenizerError(f"{path}: {len(tokens)} tokens but {len(types)} token types")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre == "llama-bpe"))
-    tok.pre_tokenizer = _pre_tokenizer(pre)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED])
-    bos, eos = get("ggml.bos_token_id"), get("ggml.eos_token_id")
-    for what, i in (("bos", bos), ("eos", eos)):
-        if i is not None and not 0 <= i < len(tokens):
-            raise TokenizerError(f"{path}: tokenizer.ggml.{what}_token_id {i} is outside the {len(tokens)} tokens")
-    template = _template(tokens, bos if get("ggml.add_bos_token", False) else None, eos if get("ggml.add_eos_token", False) else None)
-    steps = [processors.ByteLevel(trim_offsets=False)] + ([template] if template else [])
-    tok.post_processor = processors.Sequence(steps)
-    # Instruct models end a turn with EOT (Llama 3's <|eot_id|>) or EOM as well as EOS.
-    ends = [i for i in (eos, get("ggml.eot_token_id"), get("ggml.eom_token_id")) if i is not None]
-    return HFTokenizer(tok, eos_token_ids=tuple(dict.fromkeys(ends)), bos_token_id=bos, chat_template=get("chat_template"))
+def _byte_bpe(vocab: GGUFVocab):
+    from .byte_bpe import build_byte_bpe
+    from .pretokenizers import PRETOKENIZATIONS
+
+    pre = PRETOKENIZATIONS.get(vocab.pre)
+    if pre is None:
+        raise UnsupportedTokenizer(
+            f"{vocab.path}: GGUF pre-tokenizer {vocab.pre!r} is not supported; supported: {', '.join(sorted(PRETOKENIZATIONS))}"
+        )
+    add_bos = pre.add_bos if vocab.add_bos is None else vocab.add_bos
+    return build_byte_bpe(vocab, pre), add_bos, vocab.bos, vocab.eos
+
+
+def _sentencepiece(vocab: GGUFVocab):
+    from .spm import build_spm
+
+    tok = build_spm(vocab)
+    # llama.cpp's defaults for SentencePiece files: BOS 1 (added), EOS 2.
+    bos = 1 if vocab.bos is None else vocab.bos
+    eos = 2 if vocab.eos is None else vocab.eos
+    for what, i in (("bos_token_id", bos), ("eos_token_id", eos)):
+        vocab.check_id(what, i)
+    return tok, True if vocab.add_bos is None else vocab.add_bos, bos, eos
+
+
+def _add_special_tokens(tok, vocab: GGUFVocab) -> None:
+    """Control and unknown tokens as special tokens, user-defined ones as added tokens (matched raw)."""
+    from tokenizers import AddedToken
+
+    special = (TokenType.CONTROL, TokenType.UNKNOWN)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(vocab.tokens, vocab.types) if k in special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(vocab.tokens, vocab.types) if k == TokenType.USER_DEFINED])
 
 
 def _template(tokens: list[str], bos: int | None, eos: int | None):

@@ -107,10 +107,10 @@ def test_sources_without_a_tokenizer_give_none_and_run_says_so(checkpoint, tmp_p
     assert export_tokenizer(str(bare), tmp_path, vocab_size=400) is None
     assert export_tokenizer("toy-llama", tmp_path, vocab_size=256) == {"kind": "bytes"}
     notes = []
-    for model in (None, "llama"):  # no tokenizer metadata; SentencePiece, not built here
+    for model in (None, "t5"):  # no tokenizer metadata; T5's unigram (UGM), not built here
         write_gguf_stub(tmp_path / "m.gguf", model)
         assert export_tokenizer(str(tmp_path / "m.gguf"), tmp_path, vocab_size=256, progress=notes.append) is None
-    assert "model 'llama' is not supported" in notes[-1]
+    assert "model 't5' is not supported" in notes[-1]
     assert not (tmp_path / "tokenizer.json").exists()
     # An artifact whose manifest names no tokenizer: `run --prompt` says so.
     art = tmp_path / "art"

@@ -91,8 +91,11 @@ def test_gguf_without_or_with_an_unsupported_tokenizer_is_refused(tmp_path):
     write_gguf_stub(tmp_path / "none.gguf", None)
     with pytest.raises(TokenizerError, match="no tokenizer metadata"):
         tokenizer_from_gguf(tmp_path / "none.gguf")
+    write_gguf_stub(tmp_path / "ugm.gguf", "t5")
+    with pytest.raises(UnsupportedTokenizer, match="model 't5' is not supported; supported: 'gpt2' .*, 'llama'"):
+        tokenizer_from_gguf(tmp_path / "ugm.gguf")
     write_gguf_stub(tmp_path / "spm.gguf", "llama")
-    with pytest.raises(UnsupportedTokenizer, match="model 'llama' is not supported; supported: 'gpt2'"):
+    with pytest.raises(TokenizerError, match="'llama' tokenizer needs tokenizer.ggml.tokens and tokenizer.ggml.scores; found no scores"):
         tokenizer_from_gguf(tmp_path / "spm.gguf")
     write_gguf_stub(tmp_path / "nomerges.gguf", "gpt2")
     with pytest.raises(TokenizerError, match="needs tokenizer.ggml.tokens and tokenizer.ggml.merges"):
