@@ -9,10 +9,27 @@ that is ~5e-5 of logits up to ~35 (measured); the bound below is 1e-3.
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 
 ATOL = 1e-3
+# Public-domain text (the Gettysburg Address, the Declaration of Independence's first two
+# paragraphs, the Constitution's preamble): 657 tokens of SmolLM2's tokenizer (the file says
+# add_bos_token false, so no BOS: chunks are scored as they fall, as llama-perplexity does).
+TEXT = Path(__file__).parent.parent / "data" / "us_founding_texts.txt"
+WINDOW = 64
+# Perplexity from our logits vs from transformers': both float32 over the same values, the
+# logits ~5e-5 apart; measured 2e-6 relative eager, the bound leaves room.
+PPL_RTOL = 1e-4
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a prime number."}],
+]
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
@@ -35,6 +52,23 @@ def ours(smollm2_gguf):
     from sharktank.models import load_model
 
     return load_model(smollm2_gguf)
+
+
+def reference_perplexity(model, ids: list[int], window: int, bos_id: int | None) -> float:
+    """llama-perplexity's number written out on transformers' logits, in float64: chunks of
+    ``window`` ids from scratch (BOS first when the tokenizer adds one), the second half of
+    each scored."""
+    nll, count = 0.0, 0
+    for c in range(len(ids) // window):
+        chunk = torch.tensor(ids[c * window : (c + 1) * window])
+        if bos_id is not None:
+            chunk[0] = bos_id
+        with torch.no_grad():
+            logp = torch.log_softmax(model(chunk[None]).logits[0].double(), -1)
+        for j in range(window // 2, window - 1):
+            nll -= logp[j, chunk[j + 1]].item()
+            count += 1
+    return math.exp(nll / count)
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +116,38 @@ def test_tensor_parallel_3_equals_1(smollm2_gguf, ours, prompt_ids):
     got = tp3.prefill(ids)
     assert (got - want).abs().max().item() < 1e-4
     assert tp3.generate(ids, 4).tolist() == ours.generate(ids, 4).tolist()
+
+
+def test_chat_template_renders_as_transformers(smollm2_gguf, reference):
+    from sharktank.text import tokenizer_from_gguf
+
+    _, tok = reference
+    ours = tokenizer_from_gguf(smollm2_gguf)
+    for messages in CONVERSATIONS:
+        text = ours.apply_chat_template(messages)
+        assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert text.endswith("<|im_start|>assistant\n")
+        # The template writes <|im_start|> (BOS) itself: the prompt is encoded without special tokens.
+        want = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+        assert ours.encode(text, add_special_tokens=False) == list(want)
+
+
+def test_perplexity_command_equals_transformers(smollm2_gguf, reference, capsys):
+    """`sharktank perplexity FILE.gguf` (eager) against the computation written out on
+    transformers' logits, over the same ids (our tokenizer's)."""
+    from sharktank.cli import main
+    from sharktank.text import tokenizer_from_gguf
+
+    model, _ = reference
+    ids = tokenizer_from_gguf(smollm2_gguf).encode(TEXT.read_text(), add_special_tokens=True)
+    assert ids[0] != 1 and len(ids) >= 10 * WINDOW  # add_bos_token false: no BOS
+    capsys.readouterr()
+    assert main(["perplexity", str(smollm2_gguf), "--text", str(TEXT), "--window", str(WINDOW), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["kind"], got["bos_id"], got["tokens"], got["chunks"]) == ("eager", None, len(ids), len(ids) // WINDOW)
+    assert got["tokens_scored"] == len(ids) // WINDOW * (WINDOW // 2 - 1)
+    want = reference_perplexity(model, ids, WINDOW, bos_id=None)
+    assert math.isclose(got["ppl"], want, rel_tol=PPL_RTOL), (got["ppl"], want)
+    # A trained model reads English far better than chance (49152), and far from a broken one.
+    assert 2 < want < 100
