@@ -76,7 +76,7 @@ def cmd_export(args) -> int:
     import torch
 
     from .export.artifact import export_artifact
-    from .export.hosts import HOSTS_FORMAT
+    from .export.manifest import HostsManifest
     from .models import load_model
 
     s = _export_settings(args)
@@ -101,16 +101,16 @@ def cmd_export(args) -> int:
     )
     out = Path(args.output_dir)
     manifest = export_artifact(model, out, hosts=s["hosts"] and int(s["hosts"]), **options)
-    if manifest["format"] == HOSTS_FORMAT:
+    if isinstance(manifest, HostsManifest):
         return _hosts_summary(args, manifest, out)
     summary = {
         "output_dir": str(out),
-        "export_seconds": manifest["export_seconds"],
-        "compile_seconds": manifest["compile"]["seconds"] if manifest["compile"] else None,
-        "module_bytes": manifest["module"].get("vmfb_size"),
-        "parameter_bytes": sum(f["size"] for f in manifest["parameters"]["files"].values()),
-        "transfers": manifest["transfers"],
-        "device_count": manifest["device_count"],
+        "export_seconds": manifest.export_seconds,
+        "compile_seconds": manifest.compile["seconds"] if manifest.compile else None,
+        "module_bytes": manifest.module.get("vmfb_size"),
+        "parameter_bytes": sum(f["size"] for f in manifest.parameters["files"].values()),
+        "transfers": manifest.transfers,
+        "device_count": manifest.device_count,
     }
     if args.json:
         print(json.dumps(summary))
@@ -119,16 +119,16 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _hosts_summary(args, manifest: dict, out: Path) -> int:
+def _hosts_summary(args, manifest, out: Path) -> int:
     summary = {
         "output_dir": str(out),
-        "hosts": [{k: h[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest["hosts"]],
-        "export_seconds": manifest["export_seconds"],
+        "hosts": [{k: h.data[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest.hosts],
+        "export_seconds": manifest.export_seconds,
     }
     if args.json:
         print(json.dumps(summary))
     else:
-        for h in manifest["hosts"]:
+        for h in summary["hosts"]:
             print(f"wrote {out / h['dir']}: host {h['host']}, stages {h['stages']}, {h['device_count']} devices, transfers per function {h['transfers']}")
     return 0
 
@@ -141,26 +141,25 @@ def cmd_compile(args) -> int:
         args.dir, target=args.target, target_arch=args.target_arch, extra_flags=tuple(args.compile_flags or ()),
         progress=lambda m: _say(args, m),
     )
-    print(f"compiled {args.dir} for {manifest['compile']['target']} in {manifest['compile']['seconds']:.1f} s")
+    print(f"compiled {args.dir} for {manifest.compile['target']} in {manifest.compile['seconds']:.1f} s")
     return 0
 
 
 # --- run ---------------------------------------------------------------------------------------
-def _eager_model(manifest: dict):
+def _eager_model(manifest):
     from .models.llama.model import LlamaModel
     from .models.loading import load_weights
     from .parallel import ParallelPlan
 
-    source = manifest["model"]["source"]
-    _, theta = load_weights(source)
+    _, theta = load_weights(manifest.source)
     import torch
 
-    dtype = getattr(torch, manifest["model"]["dtype"])
+    dtype = getattr(torch, manifest.dtype)
     theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
-    plan = ParallelPlan.from_dict(manifest["parallel"])
+    plan = ParallelPlan.from_dict(manifest.parallel)
     from .models.llama.config import LlamaConfig
 
-    return LlamaModel(LlamaConfig.from_dict(manifest["model"]["config"]), theta, plan)
+    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, plan)
 
 
 def _seconds_since_process_start(at: float) -> float | None:
@@ -198,7 +197,7 @@ def _timings(model, t0: float, loaded: float) -> dict:
         # From the process's start (interpreter and imports included) to the first token's logits.
         "first_token_s": round(started + model.timings["prefill"][0], 3) if started is not None else None,
         "device_count": model.device_count,
-        "dtype": model.manifest["model"]["dtype"],
+        "dtype": model.manifest.dtype,
         "driver": model.driver,
     }
 
@@ -222,7 +221,7 @@ def _text_dir(directory: str, distributed: bool) -> Path:
         return Path(directory)
     from .runtime.distributed import read_hosts_manifest
 
-    return Path(directory) / read_hosts_manifest(directory)["hosts"][0]["dir"]
+    return read_hosts_manifest(directory).host_dir(0)
 
 
 def _run_prompt(args, distributed: bool) -> int:
@@ -255,7 +254,7 @@ def _run_prompt(args, distributed: bool) -> int:
     model, _ = _open_model(args, distributed)
     loaded = time.perf_counter()
     try:
-        limit = min(f["cache"]["max_seq_len"] for f in model.functions.values())
+        limit = min(f.max_seq_len for f in model.functions.values())
         if len(prompt_ids) + params.max_tokens > limit:
             raise CliError(f"the prompt's {len(prompt_ids)} tokens + --max-new-tokens {params.max_tokens} exceed the exported cache length {limit}")
         show = (lambda piece: None) if args.json else (lambda piece: print(piece, end="", flush=True))
@@ -387,22 +386,22 @@ def cmd_inspect(args) -> int:
     from .runtime import read_manifest
 
     m = read_manifest(args.dir)
-    p = m["parallel"]
-    per_device = {str(f["device"]): f["size"] for f in m["parameters"]["files"].values()}
+    p = m.parallel
+    per_device = {str(f["device"]): f["size"] for f in m.parameters["files"].values()}
     info = {
-        "model": m["model"]["source"],
-        "dtype": m["model"]["dtype"],
+        "model": m.source,
+        "dtype": m.dtype,
         "tp": p["tp"],
         "pp": p["pp"],
-        "device_count": m["device_count"],
+        "device_count": m.device_count,
         "stages": [{"stage": s, "blocks": [b for b, x in enumerate(p["stage_of_block"]) if x == s], "devices": reps} for s, reps in enumerate(p["replicas"])],
         "paths": p["paths"],
         "parameter_bytes_per_device": per_device,
-        "transfers": m["transfers"],
-        "functions": sorted(m["functions"]),
-        "compile": m["compile"],
-        "versions": m["versions"],
-        "tokenizer": m.get("tokenizer"),
+        "transfers": m.transfers,
+        "functions": sorted(m.functions),
+        "compile": m.compile,
+        "versions": m.versions,
+        "tokenizer": m.tokenizer,
     }
     if args.json:
         print(json.dumps(info))
@@ -415,8 +414,8 @@ def cmd_inspect(args) -> int:
     print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
     tok = info["tokenizer"]
     print("tokenizer:", "none (token ids only)" if tok is None else tok["kind"] + (f" {tok['file']}, EOS ids {tok['eos_token_ids']}" if tok["kind"] == "hf" else ""))
-    if m["compile"]:
-        print(f"compiled for {m['compile']['target']} in {m['compile']['seconds']} s with:", " ".join(m["compile"]["flags"]))
+    if m.compile:
+        print(f"compiled for {m.compile['target']} in {m.compile['seconds']} s with:", " ".join(m.compile["flags"]))
     else:
         print("not compiled (run `sharktank compile`)")
     return 0

@@ -44,7 +44,7 @@ def build_artifacts(root: Path, names: list[str], max_seq_len: int, progress: Ca
             manifest["reused"] = True
         except ArtifactError:
             progress(f"exporting and compiling {MODEL} {name} into {directory}")
-            manifest = export_artifact(load_model(MODEL, tp=tp, pp=pp), directory, source=MODEL, max_seq_len=max_seq_len)
+            manifest = export_artifact(load_model(MODEL, tp=tp, pp=pp), directory, source=MODEL, max_seq_len=max_seq_len).data
             manifest["reused"] = False
         out[name] = manifest
     return out

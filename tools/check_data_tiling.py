@@ -55,7 +55,7 @@ def main() -> int:
         mlir = (art / "model.mlir").read_text()
         print(f"{args.model}: max |compiled - eager| of the logits, median ms per call (local-task)")
         for name, flag in PATHS.items():
-            flags = [flag if f == PATHS["global-opt (used)"] else f for f in compile_flags(manifest["device_count"])]
+            flags = [flag if f == PATHS["global-opt (used)"] else f for f in compile_flags(manifest.device_count)]
             # A new file renamed into place: the previous module is still mapped.
             (art / "next.vmfb").write_bytes(ic.compile_str(mlir, extra_args=flags))
             os.replace(art / "next.vmfb", art / "model.vmfb")

@@ -58,7 +58,7 @@ def _compiled(directory: Path) -> Target:
         # One chunk per call, into row 0 of the smallest exported batch (prefill_row is
         # prefill_bs1 for batch 1). The cache is reused: every chunk writes positions
         # 0..W-1 and a causal prefill reads no position past its own.
-        batch = min(f["batch_size"] for f in model.functions.values())
+        batch = min(model.manifest.batch_sizes)
         cache = [model.new_cache(batch)]
 
         def logits_of(ids: torch.Tensor) -> torch.Tensor:
@@ -67,7 +67,7 @@ def _compiled(directory: Path) -> Target:
 
         return logits_of
 
-    length = min(f["cache"]["max_seq_len"] for f in manifest["functions"].values())
+    length = manifest.max_seq_len
     return Target("compiled", tokenizer, length, load)
 
 

@@ -14,6 +14,7 @@ when complete, so a failed or interrupted export leaves the previous ``DIR`` as 
 
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import re
@@ -31,13 +32,14 @@ from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, ExportedWeights, export_llama
+from .manifest import ARTIFACT_FORMAT, ArtifactError, HostsManifest, Manifest
 from .program import count_transfers
 from .kernels import kernels_for, kernels_in
 
 __all__ = ["MANIFEST", "export_artifact", "write_program", "compile_artifact", "versions", "host_cpu", "transfers_per_function"]
 
 MANIFEST = "manifest.json"
-FORMAT, VERSION = "sharktank.artifact", 1
+VERSION = 1
 
 
 def versions() -> dict[str, str]:
@@ -138,14 +140,14 @@ def export_artifact(
     compile: bool = True,
     progress: Callable[[str], None] = lambda msg: None,
     hosts: int | None = None,
-) -> dict:
-    """Export (and compile) ``model`` into ``output_dir``; returns the manifest.
+) -> Manifest | HostsManifest:
+    """Export (and compile) ``model`` into ``output_dir``; returns its manifest as read back.
 
     ``hosts``: the pipeline stages split over that many hosts, one program each, when the
     plan's stages name no hosts; when they do, None or their number (see
     :meth:`~sharktank.parallel.ParallelPlan.on_hosts`). Over several hosts the export is
     :mod:`sharktank.export.hosts`'s and the result its top-level manifest (format
-    :data:`~sharktank.export.hosts.HOSTS_FORMAT`).
+    ``sharktank.hosts``).
 
     ``max_seq_len``: the KV-cache length; by default the model's context up to
     :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
@@ -155,10 +157,11 @@ def export_artifact(
     if over_hosts.host_count > 1:
         from .hosts import export_hosts
 
-        return export_hosts(
+        export_hosts(
             model, over_hosts, output_dir, source=source, batch_sizes=tuple(batch_sizes), max_seq_len=max_seq_len, target=target,
             target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
         )
+        return HostsManifest.read(output_dir)
     plan = model.plan
     if compile:
         check_compilable_device_count(plan.device_count)
@@ -172,10 +175,11 @@ def export_artifact(
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")
     with atomic_dir(output_dir, may_replace=_may_replace, marker=MANIFEST) as tmp:
-        return write_program(
+        write_program(
             tmp, model, plan, mlir, weights, specs, source=source, export_seconds=export_seconds, target=target,
             target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
         )
+    return Manifest.read(output_dir)  # the reader's checks also check what was written
 
 
 def write_program(
@@ -213,7 +217,7 @@ def write_program(
         (directory / "model.vmfb").write_bytes(vmfb)
         progress(f"compiled in {compile_info['seconds']:.1f} s")
     manifest = {
-        "format": FORMAT,
+        "format": ARTIFACT_FORMAT,
         "version": VERSION,
         "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."), "quantized": quantized},
         "parallel": plan.to_dict(),
@@ -245,16 +249,15 @@ def compile_artifact(
     target_arch: str | None = None,
     extra_flags: tuple[str, ...] = (),
     progress: Callable[[str], None] = lambda msg: None,
-) -> dict:
+) -> Manifest:
     """(Re)compile an artifact's ``model.mlir`` in place; returns the updated manifest. A
     program that calls CPU kernels (``module.cpu_kernels``) compiles only for ``cpu`` and this
     host's CPU (:class:`~sharktank.runtime.ArtifactError` for another target or arch)."""
-    from ..runtime.compiled import ArtifactError, read_manifest
-
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    target = target or (manifest["compile"] or {}).get("target", "cpu")
-    kernels = manifest["module"].get("cpu_kernels") or []
+    m = Manifest.read(directory)
+    manifest = copy.deepcopy(m.data)  # updated below and written back whole
+    target = target or (m.compile or {}).get("target", "cpu")
+    kernels = m.module.get("cpu_kernels") or []
     if kernels and target != "cpu":
         raise ArtifactError(
             f"{directory} was exported for the CPU: its program calls hand-written CPU dispatches ({', '.join(kernels)}), "
@@ -265,11 +268,11 @@ def compile_artifact(
             f"{directory} was exported for this host's CPU: its program calls hand-written CPU dispatches ({', '.join(kernels)}), "
             f"written for this CPU's instructions; export it again with --target-arch {target_arch} to compile for {target_arch}"
         )
-    progress(f"compiling for {target} ({manifest['device_count']} devices)")
-    mlir = (directory / manifest["module"]["mlir"]).read_text()
-    if manifest["model"].get("quantized"):
+    progress(f"compiling for {target} ({m.device_count} devices)")
+    mlir = (directory / m.module["mlir"]).read_text()
+    if m.quantized:
         extra_flags = (*extra_flags, *QUANTIZED_FLAGS)
-    vmfb, info = _compile_section(mlir, manifest["device_count"], target, target_arch, tuple(extra_flags))
+    vmfb, info = _compile_section(mlir, m.device_count, target, target_arch, tuple(extra_flags))
     progress(f"compiled in {info['seconds']:.1f} s")
     with atomic_file(directory / "model.vmfb") as tmp:
         tmp.write_bytes(vmfb)
@@ -278,4 +281,4 @@ def compile_artifact(
     manifest["versions"] = versions()
     with atomic_file(directory / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1))
-    return manifest
+    return Manifest.read(directory)

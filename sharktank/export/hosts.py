@@ -46,11 +46,11 @@ from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
 from .llama import cache_arg_specs, import_programs, lift_weights, row_index, row_slices, trace_program
 from .kernels import kernels_for
+from .manifest import HOSTS_FORMAT
 from .program import arg_devices
 
-__all__ = ["HOSTS_FORMAT", "host_dir", "host_plan", "export_hosts"]
+__all__ = ["host_dir", "host_plan", "export_hosts"]
 
-HOSTS_FORMAT = "sharktank.hosts"
 
 
 def host_dir(host: int) -> str:

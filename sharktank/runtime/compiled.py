@@ -18,21 +18,17 @@ import json
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ..export.compile import TARGETS
-from ..weights._files import resolve_inside
+from ..export.manifest import KINDS, ArtifactError, FunctionSpec, Manifest, function_name, path_inside
 from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
 
 __all__ = ["ArtifactError", "InputError", "ModelLost", "read_manifest", "PrefillDecode", "CompiledModel", "generate_greedy"]
-
-
-class ArtifactError(ValueError):
-    """An export artifact that cannot be run here; says what was expected and found."""
 
 
 class InputError(ValueError):
@@ -44,52 +40,13 @@ class ModelLost(RuntimeError):
     whoever drives it should stop rather than retry."""
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    directory = Path(directory)
-    path = directory / "manifest.json"
-    if not path.is_file():
-        raise ArtifactError(f"{directory}: no manifest.json (is this a `sharktank export` output directory?)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if isinstance(manifest, dict) and manifest.get("format") == "sharktank.hosts":
-        n = len(manifest.get("hosts") or ())
-        raise ArtifactError(
-            f"{directory}: a multi-host artifact ({n} hosts); run it on every host with `torchrun --nnodes {n} "
-            f"--nproc-per-node 1 ... -m sharktank.cli run {directory} ...` or `sharktank run {directory} --distributed`"
-        )
-    if not isinstance(manifest, dict) or manifest.get("format") != "sharktank.artifact":
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {found!r})")
-    for key, kind in _FIELDS.items():
-        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
-            raise ArtifactError(f"{path}: field {key!r} is missing or not {kind.__name__}")
-    if manifest["device_count"] < 1 or not isinstance(manifest["parameters"].get("files"), dict):
-        raise ArtifactError(f"{path}: device_count must be >= 1 and parameters.files an object")
-    if not isinstance(manifest.get("compile"), (dict, type(None))):
-        raise ArtifactError(f"{path}: field 'compile' must be an object or null")
-    # Every reader (run, compile, inspect) may open these: none may lead outside the directory.
-    module = manifest["module"]
-    for name in (module.get("mlir"), module.get("vmfb"), *manifest["parameters"]["files"]):
-        if name is not None:
-            _inside(directory, name, path)
-    return manifest
-
-
-def _inside(directory: Path, name: Any, manifest: Path) -> Path:
-    try:
-        return resolve_inside(directory, name, manifest=manifest)
-    except ValueError as e:  # WeightsError: absolute, '..' or a symlink leading outside
-        raise ArtifactError(str(e)) from None
-
-
-# The manifest fields every reader relies on, with their JSON types.
-_FIELDS = {"model": dict, "parallel": dict, "device_count": int, "functions": dict, "parameters": dict, "module": dict, "versions": dict}
+def read_manifest(directory: str | Path) -> Manifest:
+    """``directory``'s one-program manifest, checked (:meth:`Manifest.read`)."""
+    return Manifest.read(directory)
 
 
 def _check_file(directory: Path, name: str, sha: str | None, manifest: Path, verified: VerifiedFiles) -> Path:
-    path = _inside(directory, name, manifest)
+    path = path_inside(directory, name, manifest)
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (named by {manifest})")
     if sha is not None and not verified.matches(path, sha):
@@ -104,16 +61,20 @@ class PrefillDecode:
     ``_cache_batch(cache)``. :class:`CompiledModel` runs them on its devices,
     ``distributed.DistributedModel`` down a pipeline of hosts.
 
-    ``functions``: the exported functions' specs (names ``{kind}_bs{B}``, batch sizes, cache
-    length). ``idle()``: called by a driver with nothing to run, often (every few tens of ms):
+    ``functions``: the exported functions' specs by name (:class:`FunctionSpec`: kind, batch
+    size, arguments, cache length); ``find(kind, batch)`` looks one up. ``idle()``: called by a driver with nothing to run, often (every few tens of ms):
     a model that must keep a connection alive does it there; it raises :class:`ModelLost`
     when the model is gone."""
 
-    manifest: dict
+    manifest: Manifest
 
     @property
-    def functions(self) -> dict[str, dict]:
-        return self.manifest["functions"]
+    def functions(self) -> Mapping[str, FunctionSpec]:
+        return self.manifest.functions
+
+    def find(self, kind: str, batch: int) -> FunctionSpec | None:
+        """``kind``'s exported function for batch size ``batch``, or None."""
+        return self.functions.get(function_name(kind, batch)) if kind in KINDS else None
 
     def idle(self) -> None:
         pass
@@ -161,7 +122,7 @@ class PrefillDecode:
             raise InputError(f"rows must be distinct integers in [0, {batch}) for a batch-{batch} cache, found {list(rows)!r}")
         if any(not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
             raise InputError("each prompt must be a non-empty list of integer token ids")
-        if 2 * len(prompts) <= batch or f"prefill_rows_bs{batch}" not in self.functions:
+        if 2 * len(prompts) <= batch or self.find("prefill_rows", batch) is None:
             logits = []
             for prompt, row in zip(prompts, rows):
                 out, cache = self.prefill_row(torch.tensor([list(prompt)], dtype=torch.int64), row, cache)
@@ -205,23 +166,23 @@ class CompiledModel(PrefillDecode):
 
         self.directory = Path(directory)
         m = self.manifest = read_manifest(self.directory)
-        mpath = self.directory / "manifest.json"
-        if isinstance(m.get("host"), dict) != self._host_program:
+        mpath = m.path
+        if (m.host is not None) != self._host_program:
             raise ArtifactError(
-                f"{self.directory}: host {m['host'].get('host')}'s program of a {m['host'].get('hosts')}-host artifact; "
+                f"{self.directory}: host {m.host.get('host')}'s program of a {m.host.get('hosts')}-host artifact; "
                 f"run the artifact's top directory with torchrun or `sharktank run DIR --distributed`"
-                if isinstance(m.get("host"), dict) else f"{self.directory}: not one host's program of a multi-host artifact"
+                if m.host is not None else f"{self.directory}: not one host's program of a multi-host artifact"
             )
-        if not m["module"].get("vmfb") or not m.get("compile"):
+        if not m.module.get("vmfb") or not m.compile:
             raise ArtifactError(f"{self.directory}: not compiled yet; run `sharktank compile {self.directory}`")
-        built = m["versions"].get("iree-base-compiler")
+        built = m.versions.get("iree-base-compiler")
         here = metadata.version("iree-base-runtime")
         if built != here:
             raise ArtifactError(
                 f"{self.directory}: module built by iree-base-compiler {built}, but this runtime is "
                 f"iree-base-runtime {here}; they must match (recompile with `sharktank compile`)"
             )
-        info = m["compile"]
+        info = m.compile
         if info.get("host_cpu") and info["host_cpu"] != host_cpu():
             raise ArtifactError(
                 f"{self.directory}: compiled for host CPU {info['host_cpu']}, but this CPU is {host_cpu()}; "
@@ -229,13 +190,13 @@ class CompiledModel(PrefillDecode):
             )
         # Files verified before and unchanged since are not hashed again (see runtime.verified).
         self.verified = VerifiedFiles(self.directory)
-        vmfb = _check_file(self.directory, m["module"]["vmfb"], m["module"].get("vmfb_sha256") if verify else None, mpath, self.verified)
+        vmfb = _check_file(self.directory, m.module["vmfb"], m.module.get("vmfb_sha256") if verify else None, mpath, self.verified)
         files = [
             _check_file(self.directory, name, f["sha256"] if verify else None, mpath, self.verified)
-            for name, f in m["parameters"]["files"].items()
+            for name, f in m.parameters["files"].items()
         ]
         self.verified.save()
-        self.device_count = m["device_count"]
+        self.device_count = m.device_count
         self.driver = driver or info["driver"]
         target = TARGETS.get(info.get("target"))
         allowed = target.drivers if target else (info["driver"],)
@@ -243,21 +204,20 @@ class CompiledModel(PrefillDecode):
             raise ArtifactError(f"{self.directory}: compiled for {info.get('target')}, which runs on driver {' or '.join(allowed)}, not {self.driver!r}")
         self._check_devices(self.driver)
         try:
-            self.session = Session(str(vmfb), self.device_count, self.driver, {m["parameters"]["scope"]: [str(f) for f in files]}, worker_spin_us)
+            self.session = Session(str(vmfb), self.device_count, self.driver, {m.parameters["scope"]: [str(f) for f in files]}, worker_spin_us)
             self.session.settle(self._first_call)
         except (RuntimeError, ValueError) as e:  # the runtime's own words, first line only
             raise ArtifactError(f"{self.directory}: the module does not load with its parameters: {str(e).splitlines()[0]}") from None
-        self.vocab_size = m["model"]["config"]["vocab_size"]
+        self.vocab_size = m.vocab_size
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
 
     def _first_call(self) -> None:
         """One decode on a scratch cache: it waits for the module's initialisation (weights
         loaded and packed), so that loading ends with the model ready and its memory settled."""
-        name, spec = min(((n, f) for n, f in self.manifest["functions"].items() if n.startswith("decode_")), key=lambda x: x[1]["batch_size"])
-        b = spec["batch_size"]
-        devices = [a["device"] for a in spec["args"]]
-        zeros = np.zeros((b, 1), np.int64)
-        self.session.invoke(name, [self.session.place(zeros, devices[0]), self.session.place(zeros, devices[1]), *self.new_cache(b)])
+        spec = self.manifest.smallest("decode")
+        tokens, positions = spec.args[:2]
+        zeros = np.zeros((spec.batch_size, 1), np.int64)
+        self.session.invoke(spec.name, [self.session.place(zeros, tokens.device), self.session.place(zeros, positions.device), *self.new_cache(spec.batch_size)])
 
     def _check_devices(self, driver: str) -> None:
         if driver in TARGETS["cpu"].drivers:
@@ -273,28 +233,28 @@ class CompiledModel(PrefillDecode):
             raise ArtifactError(f"{self.directory}: needs {self.device_count} {driver} devices, found {found}")
 
     # --- calls -----------------------------------------------------------------------------
-    def _function(self, kind: str, batch: int) -> tuple[str, dict]:
-        name = f"{kind}_bs{batch}"
-        spec = self.manifest["functions"].get(name)
+    def function(self, kind: str, batch: int) -> FunctionSpec:
+        """``kind``'s exported function for batch size ``batch`` (InputError when there is none)."""
+        spec = self.find(kind, batch)
         if spec is None:
-            sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
-            raise InputError(f"no {kind} function for batch size {batch}; exported batch sizes: {sizes}")
-        return name, spec
+            raise InputError(f"no {kind} function for batch size {batch}; exported batch sizes: {list(self.manifest.batch_sizes)}")
+        return spec
 
     def new_cache(self, batch: int) -> list:
-        _, spec = self._function("prefill", batch)
+        spec = self.function("prefill", batch)
         import iree.runtime as rt
 
         cache = []
-        for a in spec["args"][2:]:
-            if a["dtype"] == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
-                arr = self.session.place(np.zeros(a["shape"], np.uint16), a["device"], rt.HalElementType.BFLOAT_16)
+        for a in spec.cache_args:
+            if a.dtype == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
+                arr = self.session.place(np.zeros(a.shape, np.uint16), a.device, rt.HalElementType.BFLOAT_16)
             else:
-                arr = self.session.place(np.zeros(a["shape"], np.dtype(a["dtype"])), a["device"])
+                arr = self.session.place(np.zeros(a.shape, np.dtype(a.dtype)), a.device)
             cache.append(arr)
         return cache
 
-    def _check_inputs(self, name: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, spec: dict) -> None:
+    def check_inputs(self, spec: FunctionSpec, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> None:
+        """Refuse what ``spec``'s function cannot take (positions, ids, cache arrays)."""
         # The module does not bound-check ids or positions: an id past the vocabulary or a
         # negative position indexes outside its buffers (garbage, or a segfault).
         if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.shape != tokens.shape:
@@ -302,15 +262,15 @@ class CompiledModel(PrefillDecode):
             raise InputError(f"positions must be int64 of the tokens' shape {list(tokens.shape)}, found {found}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size:
             raise InputError(f"token ids must be in [0, {self.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
-        limit = spec["cache"]["max_seq_len"]
+        limit = spec.max_seq_len
         if int(positions.min()) < 0:
             raise InputError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
             raise InputError(f"position {int(positions.max())} is past the exported cache length {limit}")
-        count = sum(a["name"].startswith("cache.") for a in spec["args"])
+        count = len(spec.cache_args)
         if not isinstance(cache, (list, tuple)) or len(cache) != count:
             found = len(cache) if isinstance(cache, (list, tuple)) else type(cache).__name__
-            raise InputError(f"{name} takes a cache of {count} arrays (from new_cache or the previous call), found {found}")
+            raise InputError(f"{spec.name} takes a cache of {count} arrays (from new_cache or the previous call), found {found}")
 
     def forward(
         self,
@@ -327,15 +287,15 @@ class CompiledModel(PrefillDecode):
         the batch row a ``prefill_row`` function writes; ``lengths``: each row's real tokens,
         for ``prefill_rows``)."""
         _check_tokens(tokens)
-        name, spec = self._function(kind, tokens.shape[0] if batch is None else batch)
-        self._check_inputs(name, tokens, positions, cache, spec)
-        devices = [a["device"] for a in spec["args"]]
+        spec = self.function(kind, tokens.shape[0] if batch is None else batch)
+        self.check_inputs(spec, tokens, positions, cache)
+        devices = [a.device for a in spec.args]
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
         for extra in ([row] if row is not None else None, lengths):
             if extra is not None:
                 inputs.append(self.session.place(np.array(extra, np.int64), devices[len(inputs)]))
-        out = self.session.invoke(name, [*inputs, *cache])
+        out = self.session.invoke(spec.name, [*inputs, *cache])
         logits = self._to_torch(out[0])
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])
@@ -343,17 +303,16 @@ class CompiledModel(PrefillDecode):
     def _to_torch(self, array) -> torch.Tensor:
         host = torch.from_numpy(np.array(array.to_host()))
         # bfloat16 logits come back as their int16 bits (numpy has no bfloat16; see export).
-        return host.view(torch.bfloat16) if self.manifest["model"]["dtype"] == "bfloat16" else host
+        return host.view(torch.bfloat16) if self.manifest.dtype == "bfloat16" else host
 
     def _cache_batch(self, cache: list) -> int:
         """The batch size whose cache arrays have the shapes of ``cache``'s."""
-        shapes = [list(a.shape) for a in cache] if isinstance(cache, (list, tuple)) and all(hasattr(a, "shape") for a in cache) else None
-        for spec in self.manifest["functions"].values():
-            if shapes == [a["shape"] for a in spec["args"] if a["name"].startswith("cache.")]:
-                return spec["batch_size"]
-        sizes = sorted({f["batch_size"] for f in self.manifest["functions"].values()})
-        found = shapes if shapes is not None else type(cache).__name__
-        raise InputError(f"the cache matches no exported batch size {sizes} (from new_cache(batch)); found arrays of shapes {found}")
+        shapes = [tuple(a.shape) for a in cache] if isinstance(cache, (list, tuple)) and all(hasattr(a, "shape") for a in cache) else None
+        for spec in self.functions.values():
+            if shapes == [a.shape for a in spec.cache_args]:
+                return spec.batch_size
+        found = [list(s) for s in shapes] if shapes is not None else type(cache).__name__
+        raise InputError(f"the cache matches no exported batch size {list(self.manifest.batch_sizes)} (from new_cache(batch)); found arrays of shapes {found}")
 
 
 def generate_greedy(model, tokens: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

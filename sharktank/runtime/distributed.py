@@ -46,12 +46,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from .compiled import ArtifactError, CompiledModel, ModelLost, PrefillDecode, _inside
+from ..export.manifest import FunctionSpec, HostsManifest, path_inside
+from .compiled import ArtifactError, CompiledModel, InputError, ModelLost, PrefillDecode
 
 __all__ = ["DistributedError", "DistributedEnv", "DistributedModel", "HostProgram", "read_hosts_manifest", "DEFAULT_TIMEOUT_S", "HEARTBEAT_S"]
 
@@ -71,24 +72,9 @@ def _wire_dtype(name: str) -> np.dtype:
     return np.dtype(np.int16) if name.startswith("int16") else np.dtype(name)
 
 
-def read_hosts_manifest(directory: str | Path) -> dict[str, Any]:
-    """The top-level manifest of a multi-host artifact, checked (hosts, directories inside)."""
-    path = Path(directory) / "manifest.json"
-    try:
-        m = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"{directory}: no manifest.json (is this a `sharktank export --hosts` output directory?)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(m, dict) or m.get("format") != "sharktank.hosts":
-        found = m.get("format") if isinstance(m, dict) else type(m).__name__
-        raise ArtifactError(f"{path}: not a multi-host artifact (format {found!r}, expected 'sharktank.hosts'); run a one-host artifact without --distributed")
-    hosts = m.get("hosts")
-    if not isinstance(hosts, list) or len(hosts) < 2 or [h.get("host") for h in hosts] != list(range(len(hosts))):
-        raise ArtifactError(f"{path}: 'hosts' must list hosts 0..N-1 (N >= 2)")
-    for h in hosts:
-        _inside(Path(directory), h["dir"], path)
-    return m
+def read_hosts_manifest(directory: str | Path) -> HostsManifest:
+    """The top-level manifest of a multi-host artifact, checked (:meth:`HostsManifest.read`)."""
+    return HostsManifest.read(directory)
 
 
 class HostProgram(CompiledModel):
@@ -98,21 +84,21 @@ class HostProgram(CompiledModel):
     _host_program = True
 
     def _first_call(self) -> None:
-        name, spec = min(((n, f) for n, f in self.manifest["functions"].items() if n.startswith("decode_")), key=lambda x: x[1]["batch_size"])
-        a, p = spec["args"][:2]
-        inputs = [self.session.place(np.zeros(a["shape"], _wire_dtype(a["dtype"])), a["device"]), self.session.place(np.zeros(p["shape"], np.int64), p["device"])]
-        self.session.invoke(name, [*inputs, *self.new_cache(spec["batch_size"])])
+        spec = self.manifest.smallest("decode")
+        a, p = spec.args[:2]
+        inputs = [self.session.place(np.zeros(a.shape, _wire_dtype(a.dtype)), a.device), self.session.place(np.zeros(p.shape, np.int64), p.device)]
+        self.session.invoke(spec.name, [*inputs, *self.new_cache(spec.batch_size)])
 
     def call(self, kind: str, x: np.ndarray, positions: np.ndarray, cache: list, *, batch: int | None = None, row: int | None = None) -> tuple[np.ndarray, list]:
         """``(hidden or logits, cache)`` of ``{kind}_bs{batch}`` (prefill, decode or prefill_row
         into ``row``; ``batch``: by default ``x``'s rows) on ``x`` (tokens or hidden)."""
-        name, spec = self._function(kind, x.shape[0] if batch is None else batch)
-        a, p = spec["args"][:2]
+        spec = self.function(kind, x.shape[0] if batch is None else batch)
+        a, p = spec.args[:2]
         t0 = time.perf_counter()
-        inputs = [self.session.place(x, a["device"]), self.session.place(positions, p["device"])]
+        inputs = [self.session.place(x, a.device), self.session.place(positions, p.device)]
         if row is not None:
-            inputs.append(self.session.place(np.array([row], np.int64), spec["args"][2]["device"]))
-        out = self.session.invoke(name, [*inputs, *cache])
+            inputs.append(self.session.place(np.array([row], np.int64), spec.args[2].device))
+        out = self.session.invoke(spec.name, [*inputs, *cache])
         result = np.array(out[0].to_host())
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return result, list(out[1:])
@@ -170,22 +156,22 @@ class DistributedModel(PrefillDecode):
         self.rank, self.world_size = env.rank, env.world_size
         self.timeout_s = timeout_s
         m = self.manifest = read_hosts_manifest(self.directory)
-        hosts = m["hosts"]
+        hosts = m.hosts
         if env.world_size != len(hosts):
             raise ArtifactError(f"{self.directory}: the artifact runs on {len(hosts)} hosts, but WORLD_SIZE is {env.world_size}; start one rank per host ({len(hosts)})")
         self.host = hosts[self.rank]
-        sub = _inside(self.directory, self.host["dir"], self.directory / "manifest.json")
+        sub = path_inside(self.directory, self.host.dir, self.directory / "manifest.json")
         if not (sub / "manifest.json").is_file():
-            raise ArtifactError(f"{sub}: missing; host {self.rank} needs its directory {self.host['dir']} (copied from the export)")
+            raise ArtifactError(f"{sub}: missing; host {self.rank} needs its directory {self.host.dir} (copied from the export)")
         digest = hashlib.sha256((sub / "manifest.json").read_bytes()).hexdigest()
-        if digest != self.host["manifest_sha256"]:
+        if digest != self.host.manifest_sha256:
             raise ArtifactError(f"{sub / 'manifest.json'}: sha256 does not match {self.directory / 'manifest.json'}; the host's program changed")
         self.program = HostProgram(sub, driver=driver)
         self.driver = self.program.driver
         self.device_count = self.program.device_count
-        self.vocab_size = m["model"]["config"]["vocab_size"]
+        self.vocab_size = m.vocab_size
         # Hidden states and logits cross in the model's dtype, bfloat16 as its int16 bits.
-        self.wire_dtype = torch.int16 if m["model"]["dtype"] == "bfloat16" else getattr(torch, m["model"]["dtype"])
+        self.wire_dtype = torch.int16 if m.dtype == "bfloat16" else getattr(torch, m.dtype)
         self.timings: dict[str, list[float]] = {"prefill": [], "decode": []}
         self.sent = {"prefill": 0, "decode": 0, "prefill_row": 0, "steps": {"prefill": 0, "decode": 0, "prefill_row": 0}}
         self.traffic: dict[int, dict] = {}
@@ -318,8 +304,8 @@ class DistributedModel(PrefillDecode):
             yield
 
     @property
-    def functions(self) -> dict[str, dict]:
-        return self.program.manifest["functions"]  # every host exports the same names, batches, cache length
+    def functions(self) -> Mapping[str, FunctionSpec]:
+        return self.program.functions  # every host exports the same names, batches, cache length
 
     def new_cache(self, batch: int) -> list:
         return self.program.new_cache(batch)
@@ -327,11 +313,19 @@ class DistributedModel(PrefillDecode):
     def _cache_batch(self, cache: list) -> int:
         return self.program._cache_batch(cache)
 
-    def forward(self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *, batch: int | None = None, row: int | None = None) -> tuple[torch.Tensor, list]:
-        """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`)."""
+    def forward(
+        self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *,
+        batch: int | None = None, row: int | None = None, lengths: list[int] | None = None,
+    ) -> tuple[torch.Tensor, list]:
+        """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`).
+        The pipeline's wire protocol carries prefill, decode and prefill_row: a ``lengths``
+        call (``prefill_rows``) is refused, and :meth:`PrefillDecode.prefill_rows` does not
+        make one, since host programs export no ``prefill_rows`` function."""
         batch = tokens.shape[0] if batch is None else batch
-        name, spec = self.program._function(kind, batch)
-        self.program._check_inputs(name, tokens, positions, cache, spec)
+        if kind not in _OPS or lengths is not None:
+            raise InputError(f"a multi-host pipeline runs {', '.join(_OPS)} calls, not {kind}{' with lengths' if lengths is not None else ''}")
+        spec = self.program.function(kind, batch)
+        self.program.check_inputs(spec, tokens, positions, cache)
         with self._exchange():
             t0 = time.perf_counter()
             hidden, cache = self.program.call(kind, tokens.numpy(), positions.numpy(), cache, batch=batch, row=row)
@@ -339,7 +333,7 @@ class DistributedModel(PrefillDecode):
             self.sent["steps"][kind] += 1
             logits = self._recv((*tokens.shape, self.vocab_size), self.wire_dtype, self.world_size - 1)
             self._last_heard = time.monotonic()
-        if self.manifest["model"]["dtype"] == "bfloat16":
+        if self.manifest.dtype == "bfloat16":
             logits = logits.view(torch.bfloat16)
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, cache
@@ -378,7 +372,7 @@ class DistributedModel(PrefillDecode):
         if self.rank == 0:
             raise DistributedError("rank 0 drives the pipeline (generate); serve() runs on the other ranks")
         prev, last = self.rank - 1, self.rank == self.world_size - 1
-        hidden_size = self.manifest["boundary"]["hidden_size"]
+        hidden_size = self.manifest.hidden_size
         caches: dict[int, list] = {}  # batch size -> this rank's share of rank 0's cache
         while True:
             op, b, s = self._recv((3,), torch.int64, prev).tolist()

@@ -110,7 +110,7 @@ class Engine:
 
     def __init__(self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64):
         functions = model.functions
-        sizes = sorted(b for b in {f["batch_size"] for f in functions.values()} if f"decode_bs{b}" in functions and (b == 1 or f"prefill_row_bs{b}" in functions))
+        sizes = sorted(b for b in {f.batch_size for f in functions.values()} if model.find("decode", b) and (b == 1 or model.find("prefill_row", b)))
         if not sizes:
             raise InputError(f"{model.directory}: no batch size with decode and prefill_row functions; found functions {sorted(functions)}")
         batch_size = sizes[-1] if batch_size is None else batch_size
@@ -121,7 +121,7 @@ class Engine:
         self.model = model
         self.batch_size = batch_size
         self.max_queue = max_queue
-        self.max_seq_len = functions[f"decode_bs{batch_size}"]["cache"]["max_seq_len"]
+        self.max_seq_len = model.find("decode", batch_size).max_seq_len
         self.vocab_size = model.vocab_size
         self._cache = model.new_cache(batch_size)
         self._rows: list[_Row | None] = [None] * batch_size

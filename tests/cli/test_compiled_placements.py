@@ -54,7 +54,7 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
         want_transfers[f"prefill_row_bs{batch}"] = transfers + 7
         # prefill_rows: the padding mask goes where the positions go (the 7 other devices)
         want_transfers[f"prefill_rows_bs{batch}"] = transfers + 7
-    assert manifest["transfers"] == want_transfers
+    assert manifest.transfers == want_transfers
     compiled = CompiledModel(out)
     tokens = torch.tensor([[3, 14, 15, 9, 2, 6], [5, 35, 8, 9, 7, 9]])[:batch]
 

@@ -182,7 +182,7 @@ def test_gpu_targets_compile_a_whole_model(tmp_path, target):
     config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1)
     model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, 2, 1))
     manifest = export_artifact(model, tmp_path / "art", source="toy-llama (1 block)", max_seq_len=16, target=target)
-    assert manifest["compile"]["driver"] == target and manifest["module"]["vmfb_size"] > 1000
+    assert manifest.compile["driver"] == target and manifest.module["vmfb_size"] > 1000
     assert "scaled_dot_product_attention" not in (tmp_path / "art" / "model.mlir").read_text()
     assert json.loads((tmp_path / "art" / "manifest.json").read_text())["device_count"] == 2
 

@@ -51,9 +51,9 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     # its attention the decode-attention one. (Q4_K's and Q6_K's need AVX512-VNNI: on a CPU
     # without it those products keep the torch form.)
     layouts = {"q8_0": ["q8_0"], "q4_k_m": ["q4_k", "q6_k"] if INTEGER_DOT else []}[kind]
-    assert manifest["module"]["cpu_kernels"] == ["decode_attention", *layouts]
+    assert manifest.module["cpu_kernels"] == ["decode_attention", *layouts]
     # The archives hold the file's blocks (replicated tables once per device that holds them).
-    stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
+    stored = sum(f["size"] for f in manifest.parameters["files"].values())
     model = load_model(path, tp=tp, pp=pp)
     assert stored <= 1.05 * model.source.theta.nbytes() * tp
     compiled = CompiledModel(out)
@@ -73,8 +73,8 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     err = ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
     assert err <= {"q8_0": 1e-4, "q4_k_m": 5e-3}[kind], f"decode: max |error| / max |logit| = {err:.3g}"
     # Those dispatches make the program CPU-only.
-    assert kernels_in((out / "model.mlir").read_text()) == manifest["module"]["cpu_kernels"]
-    if manifest["module"]["cpu_kernels"]:  # always, with the attention dispatch
+    assert kernels_in((out / "model.mlir").read_text()) == manifest.module["cpu_kernels"]
+    if manifest.module["cpu_kernels"]:  # always, with the attention dispatch
         with pytest.raises(ArtifactError, match="hand-written CPU dispatches .*export it again with --target cuda"):
             compile_artifact(out, target="cuda")
         with pytest.raises(ArtifactError, match="exported for this host's CPU.*--target-arch x86-64-v3"):
@@ -84,7 +84,7 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
         # initialisation; the compiled flow program must hoist no float tensor at all.
         import iree.compiler as ic
 
-        flow = ic.compile_str((out / "model.mlir").read_text(), extra_args=[*manifest["compile"]["flags"], "--compile-to=flow"])
+        flow = ic.compile_str((out / "model.mlir").read_text(), extra_args=[*manifest.compile["flags"], "--compile-to=flow"])
         flow = flow.decode() if isinstance(flow, bytes) else flow
         hoisted = re.findall(r"util\.global private (?:mutable )?@__hoisted\S* [^:]*: tensor<([^>]+)>", flow)
         assert not [t for t in hoisted if t.split("x")[-1].startswith(("f", "bf"))], hoisted
@@ -94,5 +94,5 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
 def test_quantized_model_compiles_for_gpu_targets(q4_k_m_file, tmp_path, target):
     # No GPU here: the dequantize-in-the-product program compiles for both GPU targets.
     manifest = export_artifact(load_model(q4_k_m_file, tp=2, deferred=True), tmp_path / "art", source=str(q4_k_m_file), max_seq_len=16, target=target)
-    assert manifest["compile"]["driver"] == target and manifest["module"]["vmfb_size"] > 1000
-    assert manifest["module"]["cpu_kernels"] == []  # GPU programs keep the torch form of the products
+    assert manifest.compile["driver"] == target and manifest.module["vmfb_size"] > 1000
+    assert manifest.module["cpu_kernels"] == []  # GPU programs keep the torch form of the products

@@ -154,10 +154,10 @@ def artifact_state(d: Path) -> str:
         m = read_manifest(d)
     except ArtifactError as e:
         return f"refused: {e}"
-    named = {name: f.get("sha256") for name, f in m["parameters"]["files"].items()}
-    named[m["module"]["mlir"]] = None
-    if m["module"].get("vmfb"):
-        named[m["module"]["vmfb"]] = m["module"].get("vmfb_sha256")
+    named = {name: f.get("sha256") for name, f in m.parameters["files"].items()}
+    named[m.module["mlir"]] = None
+    if m.module.get("vmfb"):
+        named[m.module["vmfb"]] = m.module.get("vmfb_sha256")
     for name, sha in named.items():
         f = d / name
         if not f.is_file():

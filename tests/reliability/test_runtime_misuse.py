@@ -36,7 +36,7 @@ def _decode(m: CompiledModel, tokens, positions, cache=None):
 
 
 def _cache_len(m):
-    return m.manifest["functions"]["decode_bs1"]["cache"]["max_seq_len"]
+    return m.find("decode", 1).max_seq_len
 
 
 MISUSE = [
