@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import ops
-from ..parallel import ParallelPlan, plan_from_directives
+from ..parallel import ParallelPlan, PlanError, plan_from_directives
 from ..types import ShardedTensor
 from ..weights import Theta, WeightSource, WeightsError
 from .llama.config import LlamaConfig
@@ -90,6 +90,7 @@ def load_model(
     source: str | os.PathLike,
     *,
     tp: int = 1,
+    ep: int = 1,
     pp: int | None = None,
     placement: str | os.PathLike | Sequence[Any] | None = None,
     dtype: torch.dtype | None = None,
@@ -105,11 +106,17 @@ def load_model(
     norms, rotary angles and attention computed in float32 as the reference does. The model's ``prefill(tokens) -> logits`` and
     ``generate(tokens, max_new_tokens) -> ids`` take and return plain torch tensors.
 
+    ``ep``: expert parallelism for a mixture of experts: 1 (each expert split ``tp``-way as
+    the dense FFN), or ``tp`` (whole experts per device over each tensor-parallel group, ``E``
+    divisible by it; eager only for now).
+
     ``deferred=True``: the model holds placeholder weights (shapes and dtypes, no memory) and
     its ``source`` reads the bytes when an export writes the parameter archives, one tensor
     at a time; such a model can be exported but not run eagerly. Presets and sharded thetas
     are read into memory either way.
     """
+    if ep not in (1, tp):
+        raise PlanError(f"ep={ep} must be 1 or equal tp={tp}: experts are split over the tensor-parallel group")
     config, weights = weight_source(source, seed=seed)
     if dtype is not None:
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -121,4 +128,4 @@ def load_model(
         plan = plan_from_directives(placement, config.num_layers, tp=tp, pp=pp)
     else:
         plan = ParallelPlan.from_tp_pp(config.num_layers, tp, pp or 1)
-    return LlamaModel(config, weights.theta, plan, source=weights)
+    return LlamaModel(config, weights.theta, plan, source=weights, experts="experts" if ep > 1 else "ffn")

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, like, norm_dim
 from ._dispatch import sharded_op
 
@@ -44,7 +44,20 @@ def _index_select(t, dim, index):
             f"ops.index_select along dim {d} of {list(t.shape)}, which is split {t.shard_sizes}; all_gather or reshard first"
         )
     idx = _index_shards(index, t.shard_count, "index_select")
-    return like(t, [torch.index_select(s, d, i) for s, i in zip(t.shards, idx)])
+    return like(t, [select_rows(s, d, i) for s, i in zip(t.shards, idx)])
+
+
+def select_rows(t, dim: int, index: torch.Tensor):
+    """``torch.index_select`` of a plain tensor, or of a :class:`QuantizedTensor` along a dim
+    before its last (whole rows of blocks, selected as they are)."""
+    if not isinstance(t, QuantizedTensor):
+        return torch.index_select(t, dim, index)
+    d = norm_dim(dim, t.ndim)
+    if d == t.ndim - 1:
+        raise ShardingError(f"ops.index_select along the last dim of {t!r}: its values are packed in blocks along it")
+    shape = list(t.shape)
+    shape[d] = index.shape[0]
+    return t.with_blocks(torch.index_select(t.blocks, d, index), shape)
 
 
 @sharded_op(nargs=1)

@@ -195,7 +195,8 @@ def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
     if transpose_rhs and _block_product(lhs, rhs):
         return _blocks_times(lhs, rhs)
     rhs = _dense(rhs, lhs)
-    return torch.matmul(lhs, rhs.mT if transpose_rhs else rhs)
+    # transpose(-2, -1), not .mT: torch-mlir has no lowering of aten.mT (a traced 3-D rhs kept it).
+    return torch.matmul(lhs, rhs.transpose(-2, -1) if transpose_rhs else rhs)
 
 
 def _matmul_sharded(lhs, rhs, *, transpose_rhs=False):

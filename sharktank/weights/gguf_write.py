@@ -11,7 +11,7 @@ quantizers. Which names, keys and row orders a model's file uses is the model's 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
 import torch
@@ -31,9 +31,9 @@ QUANTIZE_TO = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
 
 def tensor_spec(t: torch.Tensor | QuantizedTensor) -> tuple:
     """(array shape, numpy dtype, bytes, ggml type name) of the array GGUF stores for ``t``."""
-    if isinstance(t, QuantizedTensor):
-        rows = t.shape[0] if t.ndim > 1 else 1
-        return (rows, t.nbytes // rows), np.uint8, t.nbytes, t.layout.name
+    if isinstance(t, QuantizedTensor):  # the blocks of each row as one byte row (of a 2-D or 3-D array)
+        rows = tuple(t.shape[:-1]) if t.ndim > 1 else (1,)
+        return (*rows, t.nbytes // int(np.prod(rows))), np.uint8, t.nbytes, t.layout.name
     np_dtype = np.uint16 if t.dtype == torch.bfloat16 else {torch.float32: np.float32, torch.float16: np.float16}[t.dtype]
     return tuple(t.shape), np_dtype, t.numel() * t.element_size(), GGML_TYPES[t.dtype]
 
@@ -56,12 +56,15 @@ def tensor_entry(name: str, t, produce: Callable[[], Any], *, path, label: str |
     return name, tensor_spec(t), lambda: tensor_array(produce())
 
 
-def quantized_entries(tensors: Iterable[tuple[str, str, Any, Callable[[], Any]]], to: str, *, path, progress=lambda msg: None) -> tuple[list[Entry], dict[str, int]]:
-    """Entries of a GGUF whose 2-D weights are quantized to ``to`` (a :data:`QUANTIZE_TO` key) by
+def quantized_entries(
+    tensors: Iterable[tuple[str, str, Any, Callable[[], Any]]], to: str, *, path, progress=lambda msg: None, keep: Collection[str] = ()
+) -> tuple[list[Entry], dict[str, int]]:
+    """Entries of a GGUF whose 2-D (and 3-D: stacked experts) weights are quantized to ``to`` (a :data:`QUANTIZE_TO` key) by
     ``gguf.quants.quantize``, and the count of tensors by ggml type. ``tensors`` are
     ``(GGUF name, label, placeholder, read)``: ``read()`` gives the tensor as the file stores
-    it (rows in the file's order). Norms and biases (not 2-D) become float32; a weight whose
-    rows are not whole blocks, or that is quantized already, is written as it is."""
+    it (rows in the file's order). Norms and biases (1-D) become float32; a weight whose
+    rows are not whole blocks, or that is quantized already, is written as it is, and so are
+    the GGUF names in ``keep``."""
     if to not in QUANTIZE_TO:
         raise ValueError(f"cannot quantize to {to!r}; supported: {', '.join(QUANTIZE_TO)}")
     kind = QUANTIZE_TO[to]
@@ -69,12 +72,14 @@ def quantized_entries(tensors: Iterable[tuple[str, str, Any, Callable[[], Any]]]
     tensors = list(tensors)
     entries, counts = [], {}
     for i, (name, label, t, read) in enumerate(tensors):
-        if not isinstance(t, QuantizedTensor) and t.ndim == 2 and t.shape[1] % layout.block_size == 0:
-            nbytes = t.shape[0] * t.shape[1] // layout.block_size * layout.block_bytes
-            spec = ((t.shape[0], nbytes // t.shape[0]), np.uint8, nbytes, kind)
+        if name in keep:
+            entry = (name, tensor_spec(t), lambda read=read: tensor_array(read()))
+        elif not isinstance(t, QuantizedTensor) and t.ndim >= 2 and t.shape[-1] % layout.block_size == 0:  # 3-D: stacked experts
+            row_bytes = t.shape[-1] // layout.block_size * layout.block_bytes
+            spec = ((*t.shape[:-1], row_bytes), np.uint8, t.shape[:-1].numel() * row_bytes, kind)
             msg = f"quantized {i + 1}/{len(tensors)}: {label}"
             entry = (name, spec, lambda read=read, msg=msg: _quantize(read().float(), kind, lambda: progress(msg)))
-        elif not isinstance(t, QuantizedTensor) and t.ndim != 2:
+        elif not isinstance(t, QuantizedTensor) and t.ndim < 2:
             # The spec comes from the shape alone: the placeholder is never converted (that would touch it).
             entry = (name, (tuple(t.shape), np.float32, t.numel() * 4, "F32"), lambda read=read: tensor_array(read().float()))
         elif isinstance(t, QuantizedTensor) or t.dtype in GGML_TYPES:  # kept as it is

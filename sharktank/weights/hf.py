@@ -13,7 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -41,15 +41,45 @@ class CheckpointFiles:
         """The file to name in an error about ``name`` (its file, or the index, or the single file)."""
         return self.files.get(name) or self.listed.get(name) or _source(self.directory)
 
-    def source(self, names: Iterable[str]) -> WeightSource:
+    def source(
+        self, names: Iterable[str], *, renames: Mapping[str, str] | None = None, stacks: Mapping[str, Sequence[str]] | None = None
+    ) -> WeightSource:
         """The tensors ``names`` (in that order) as a :class:`WeightSource`: each tensor's bytes
-        are read from its file only when asked for."""
-        ordered = {name: self.specs[name] for name in names}
+        are read from its file only when asked for. ``renames``: names among ``names`` that are
+        the file tensor given under another name. ``stacks``: names that are the file tensors
+        listed, stacked on a new leading dim (read together)."""
+        renames, stacks = dict(renames or {}), dict(stacks or {})
+        ordered = {
+            name: self.stacked_spec(stacks[name]) if name in stacks else self.specs[renames.get(name, name)] for name in names
+        }
         offsets: dict[str, int] = {}
         for file in set(self.files.values()):
             offsets.update({n: o for n, o in _data_offsets(file).items() if self.files.get(n) == file})
-        spans = {name: (str(self.files[name]), offsets[name]) for name in ordered if name in offsets}
-        return WeightSource(ordered, lambda name: _read_tensor(self.files[name], name), spans=spans, label=str(self.directory))
+        stored = {name: renames.get(name, name) for name in ordered if name not in stacks}
+        spans = {name: (str(self.files[f]), offsets[f]) for name, f in stored.items() if f in offsets}
+
+        def read(name: str) -> torch.Tensor:
+            if name in stacks:
+                return torch.stack([_read_tensor(self.files[part], part) for part in stacks[name]])
+            return _read_tensor(self.files[stored[name]], stored[name])
+
+        return WeightSource(ordered, read, spans=spans, label=str(self.directory))
+
+    def stacked_spec(self, parts: Sequence[str]) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of the file tensors ``parts`` stacked on a new leading dim; parts
+        missing or unlike the first raise :class:`WeightsError` naming the file and tensor."""
+        for part in parts:
+            if part not in self.specs:
+                raise WeightsError("missing", path=self.file_of(part), tensor=part)
+        shape, dtype = self.specs[parts[0]]
+        for part in parts[1:]:
+            if self.specs[part] != (shape, dtype):
+                found, found_dtype = self.specs[part]
+                raise WeightsError(
+                    f"{found_dtype} {list(found)} unlike {parts[0]!r} ({dtype} {list(shape)}), with which it is stacked",
+                    path=self.file_of(part), tensor=part,
+                )
+        return (len(parts), *shape), dtype
 
 
 def scan_checkpoint(directory: str | os.PathLike) -> CheckpointFiles:

@@ -1,11 +1,12 @@
-"""Llama-family hyperparameters (Llama, Mistral, Qwen2, Qwen3: see :mod:`.families`)."""
+"""Llama-family hyperparameters (Llama, Mistral, Qwen2, Qwen3, and the mixtures of experts
+Mixtral and Qwen3-MoE: see :mod:`.families`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .families import Family, family, family_of_model_type
+from .families import FAMILIES, Family, family, family_of_model_type
 
 __all__ = ["LlamaConfig"]
 
@@ -29,7 +30,12 @@ class LlamaConfig:
     o_bias: bool = False  # o_proj bias (Llama's attention_bias; not Qwen2)
     mlp_bias: bool = False  # gate/up/down biases (Llama's mlp_bias)
     tie_word_embeddings: bool = False
-    architecture: str = "llama"  # the family (llama.cpp's name for it): llama, qwen2 or qwen3
+    architecture: str = "llama"  # the family (llama.cpp's name for it): llama, qwen2, qwen3 or qwen3moe
+    # Mixture of experts (0: a dense SwiGLU FFN per block). With experts, intermediate_size is
+    # one expert's; the family's routing rule picks num_experts_per_tok of them per token.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    norm_topk_prob: bool = True  # renormalise the kept weights to sum 1 (softmax_topk routing)
 
     def __post_init__(self) -> None:
         family(self.architecture)  # refuses an unknown one, naming the known
@@ -42,6 +48,29 @@ class LlamaConfig:
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        fam = family(self.architecture)
+        e, k = self.num_experts, self.num_experts_per_tok
+        if not e:
+            if fam.experts_required:
+                raise ValueError(f"architecture {self.architecture!r} is a mixture of experts: num_experts must be >= 1, found 0")
+            return
+        if fam.routing is None:
+            raise ValueError(f"architecture {self.architecture!r} has no mixture-of-experts form (num_experts={e}); MoE families: "
+                             + ", ".join(f.name for f in FAMILIES.values() if f.routing))
+        if not 1 <= k <= e:
+            raise ValueError(f"num_experts_per_tok={k} must be in 1..num_experts={e}")
+        if self.mlp_bias:
+            raise ValueError("mlp_bias with experts is not supported (no MoE family has expert biases)")
+        if fam.routing == "topk_softmax" and not self.norm_topk_prob:
+            raise ValueError(f"{self.architecture}'s routing (softmax over the chosen logits) always sums to 1: norm_topk_prob must be True")
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether each block's FFN is a mixture of experts."""
+        return self.num_experts > 0
 
     @property
     def family(self) -> Family:
@@ -57,9 +86,12 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> "LlamaConfig":
-        """From a Hugging Face ``config.json`` dict (``model_type`` llama, mistral, qwen2 or
-        qwen3; llama when absent). Sliding-window attention is refused (see :func:`_sliding_window`)."""
-        fam = family_of_model_type(d.get("model_type", "llama"))
+        """From a Hugging Face ``config.json`` dict (``model_type`` llama, mistral, qwen2, qwen3,
+        mixtral or qwen3_moe; llama when absent). Sliding-window attention is refused (see
+        :func:`_sliding_window`), as are Qwen3-MoE configs with dense blocks among the MoE ones."""
+        model_type = d.get("model_type", "llama")
+        fam = family_of_model_type(model_type)
+        moe = _experts(d) if model_type in fam.hf_moe_model_types else {}
         rope = d.get("rope_parameters") or {}
         scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling is not None:
@@ -81,7 +113,7 @@ class LlamaConfig:
         return cls(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
+            intermediate_size=moe.pop("intermediate_size", None) or d["intermediate_size"],
             num_layers=d["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=d.get("num_key_value_heads") or heads,
@@ -95,7 +127,28 @@ class LlamaConfig:
             mlp_bias=bool(d.get("mlp_bias", False)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             architecture=fam.name,
+            **moe,
         )
+
+
+def _experts(d: dict[str, Any]) -> dict[str, Any]:
+    """The expert fields of a Mixtral or Qwen3-MoE ``config.json`` (Qwen3-MoE's expert size is
+    ``moe_intermediate_size``; its ``intermediate_size`` is for dense blocks, refused here)."""
+    experts = d.get("num_local_experts") or d.get("num_experts")
+    if not experts or not d.get("num_experts_per_tok"):
+        raise ValueError(f"model_type {d.get('model_type')!r} needs num_local_experts (or num_experts) and num_experts_per_tok")
+    out = {"num_experts": experts, "num_experts_per_tok": d["num_experts_per_tok"]}
+    if d.get("model_type") == "qwen3_moe":
+        dense = d.get("mlp_only_layers") or []
+        step = d.get("decoder_sparse_step", 1)
+        if dense or step != 1:
+            raise ValueError(
+                f"dense blocks among the MoE ones are not supported: mlp_only_layers={dense}, decoder_sparse_step={step} "
+                "(expected [] and 1: every block a mixture of experts)"
+            )
+        out["intermediate_size"] = d["moe_intermediate_size"]
+        out["norm_topk_prob"] = bool(d.get("norm_topk_prob", False))
+    return out
 
 
 def _sliding_window(d: dict[str, Any]) -> int | None:
@@ -111,7 +164,7 @@ def _sliding_window(d: dict[str, Any]) -> int | None:
         return None
     if d.get("layer_types") is not None:
         return window if "sliding_attention" in d["layer_types"] else None
-    if d.get("model_type") in ("qwen2", "qwen3"):
+    if d.get("model_type") in ("qwen2", "qwen3", "qwen3_moe"):
         slides = d.get("use_sliding_window", False) and d.get("max_window_layers", 28) < d["num_hidden_layers"]
         return window if slides else None
     return window

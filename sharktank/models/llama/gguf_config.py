@@ -1,6 +1,8 @@
 """A LlamaConfig as llama.cpp's GGUF metadata, and back: ``general.architecture`` is the
-config's family (``llama``, ``qwen2`` or ``qwen3``) and prefixes every model key
-(``qwen3.block_count``...).
+config's family (``llama``, ``qwen2``, ``qwen3`` or ``qwen3moe``) and prefixes every model key
+(``qwen3.block_count``...). Mixtures of experts add ``expert_count`` and ``expert_used_count``
+(a Mixtral file is ``llama`` with them); ``qwen3moe`` keeps its expert size under
+``expert_feed_forward_length`` and its ``norm_topk_prob`` as ``expert_weights_norm``.
 
 llama3 rope scaling has no llama.cpp metadata keys: llama.cpp's converter bakes it into a
 ``rope_freqs`` tensor of per-frequency divisors, which loads as a config with
@@ -46,6 +48,12 @@ def gguf_metadata(config: LlamaConfig) -> dict[str, tuple[str, Any]]:
         f"{arch}.rope.freq_base": ("float32", config.rope_theta),
         f"{arch}.rope.dimension_count": ("uint32", config.head_dim),
     }
+    if config.is_moe:
+        m[f"{arch}.expert_count"] = ("uint32", config.num_experts)
+        m[f"{arch}.expert_used_count"] = ("uint32", config.num_experts_per_tok)
+        if config.family.routing == "softmax_topk":  # qwen3moe: the expert size under its own key
+            m[f"{arch}.expert_feed_forward_length"] = ("uint32", config.intermediate_size)
+            m[f"{arch}.expert_weights_norm"] = ("bool", config.norm_topk_prob)
     if config.rope_scaling is not None and config.rope_scaling["rope_type"] != "factors":  # factors: a rope_freqs tensor
         m[_SCALING_PREFIX + "type"] = ("string", config.rope_scaling["rope_type"])
         for k in _SCALING_KEYS:
@@ -91,11 +99,12 @@ def config_from_gguf(path, fields: Mapping[str, Any], tensors: Mapping[str, Gguf
     window = fields.get(f"{arch}.attention.sliding_window")
     if window is not None and int(window) < context:
         raise WeightsError(f"sliding-window attention is not supported: {arch}.attention.sliding_window={int(window)} is smaller than {arch}.context_length={context}", path=path)
+    experts = _experts(path, arch, fields)
     try:
         config = LlamaConfig(
             vocab_size=tensors["model.embed_tokens.weight"].shape[0],
             hidden_size=hidden,
-            intermediate_size=int(need(f"{arch}.feed_forward_length")),
+            intermediate_size=int(fields.get(f"{arch}.expert_feed_forward_length") or need(f"{arch}.feed_forward_length")),
             num_layers=int(need(f"{arch}.block_count")),
             num_heads=heads,
             num_kv_heads=int(fields.get(f"{arch}.attention.head_count_kv", heads)),
@@ -109,6 +118,7 @@ def config_from_gguf(path, fields: Mapping[str, Any], tensors: Mapping[str, Gguf
             mlp_bias="model.layers.0.mlp.gate_proj.bias" in tensors,
             tie_word_embeddings="lm_head.weight" not in tensors,
             architecture=arch,
+            **experts,
         )
     except (ValueError, TypeError, ZeroDivisionError) as e:
         raise WeightsError(f"metadata does not describe a {arch} model: {e}", path=path) from None
@@ -131,6 +141,19 @@ def _rope_factors(path, info: GgufTensor, fields: Mapping[str, Any]) -> list[flo
     if not bool((factors > 0).all()) or not bool(factors.isfinite().all()):
         raise WeightsError("holds a factor that is not a positive finite number", path=path, tensor=ROPE_FREQS)
     return [float(f) for f in factors]
+
+
+def _experts(path, arch: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The expert fields of a mixture-of-experts file (``{arch}.expert_count`` > 0), else {}.
+    Without ``expert_weights_norm`` the kept weights are renormalised, as llama.cpp's
+    graphs for these architectures do."""
+    count = int(fields.get(f"{arch}.expert_count", 0))
+    if not count:
+        return {}
+    used = int(fields.get(f"{arch}.expert_used_count", 0))
+    if not 1 <= used <= count:
+        raise WeightsError(f"{arch}.expert_used_count={used} must be in 1..{arch}.expert_count={count}", path=path)
+    return {"num_experts": count, "num_experts_per_tok": used, "norm_topk_prob": bool(fields.get(f"{arch}.expert_weights_norm", True))}
 
 
 def _f32_decimal(value: float) -> float:

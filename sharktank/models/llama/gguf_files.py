@@ -85,16 +85,19 @@ def save_gguf(path: str | os.PathLike, config: LlamaConfig, theta: Theta) -> Non
 
 def quantize_gguf(path: str | os.PathLike, config: LlamaConfig, source: WeightSource, *, to: str, progress=lambda msg: None) -> dict[str, int]:
     """Write ``source`` (a :class:`WeightSource` in the Hugging Face layout) as a GGUF whose 2-D
-    weights are quantized to ``to`` (``q8_0`` or ``q4_0``) by ``gguf.quants.quantize``, one
-    tensor in memory at a time. Norms and biases stay float32; a weight whose rows are not
-    whole blocks, or that is quantized already, is written as it is. Returns counts by type."""
+    weights and 3-D stacked experts are quantized to ``to`` (``q8_0`` or ``q4_0``) by
+    ``gguf.quants.quantize``, one tensor in memory at a time. Norms and biases stay float32; a
+    weight whose rows are not whole blocks, or that is quantized already, is written as it is,
+    and so are MoE routers (``ffn_gate_inp``: llama.cpp keeps them unquantized, and a rounded
+    router can choose other experts). Returns counts by type."""
     # q/k rows are reordered before quantizing: quantization works on whole rows, so this is
     # the file llama.cpp's converter writes.
     tensors = [
         (to_gguf_name(n), n, source.theta[n], lambda n=n: interleave_rotary(n, source.read(n), config, to_gguf=True))
         for n in source.names()
     ]
-    entries, counts = quantized_entries(tensors, to, path=path, progress=progress)
+    routers = {g for g, *_ in tensors if g.endswith(".ffn_gate_inp.weight")}
+    entries, counts = quantized_entries(tensors, to, path=path, progress=progress, keep=routers)
     write_entries(path, config, entries)
     return counts
 

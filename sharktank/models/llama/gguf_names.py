@@ -1,7 +1,9 @@
 """The Llama-family tensors in a llama.cpp GGUF: their names and the q/k row order.
 
 llama.cpp names tensors ``token_embd.weight``, ``blk.<i>.attn_q.weight``... (the same in the
-``llama``, ``qwen2`` and ``qwen3`` architectures, Qwen3 adding ``attn_q_norm``/``attn_k_norm``);
+``llama``, ``qwen2``, ``qwen3`` and ``qwen3moe`` architectures, Qwen3 adding
+``attn_q_norm``/``attn_k_norm``, mixtures of experts ``ffn_gate_inp`` and the stacked 3-D
+``ffn_{gate,up,down}_exps``);
 this maps them to and from the Hugging Face names the model uses (:mod:`.layout`). For the
 ``llama`` architecture llama.cpp stores the attn_q/attn_k weights (and biases) with each
 head's rows interleaved for its pairwise rotary embedding; for qwen2/qwen3 it keeps them as
@@ -35,6 +37,10 @@ _LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",  # a mixture of experts' router, and its stacked experts
+    "mlp.experts.gate_proj": "ffn_gate_exps",
+    "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }

@@ -1,6 +1,12 @@
 """The Hugging Face Llama tensor layout a config implies: names and shapes (with Qwen3's
 q/k norms when its family has them).
 
+A mixture-of-experts block holds its router as ``mlp.gate.weight`` ``[E, hidden]`` (Qwen3-MoE's
+name) and its experts stacked on a leading expert dim, ``mlp.experts.{gate,up,down}_proj.weight``
+(``[E, ffn, hidden]``, ``[E, ffn, hidden]``, ``[E, hidden, ffn]``): one tensor per kind, as
+llama.cpp stores them and as the model gathers them. Hugging Face checkpoints hold one
+tensor per expert; their loader stacks them (:mod:`.hf_checkpoint`).
+
 Every Llama file format loads into this layout and is checked against it
 (:func:`layout_problem`), whatever names the file itself uses.
 """
@@ -34,9 +40,16 @@ def llama_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         if config.family.qk_norm:  # Qwen3: one [head_dim] weight for every q head, one for every k head
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
-        shapes[p + "mlp.up_proj.weight"] = (ffn, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, ffn)
+        if config.is_moe:
+            e = config.num_experts
+            shapes[p + "mlp.gate.weight"] = (e, h)
+            shapes[p + "mlp.experts.gate_proj.weight"] = (e, ffn, h)
+            shapes[p + "mlp.experts.up_proj.weight"] = (e, ffn, h)
+            shapes[p + "mlp.experts.down_proj.weight"] = (e, h, ffn)
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (ffn, h)
+            shapes[p + "mlp.up_proj.weight"] = (ffn, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, ffn)
         if config.mlp_bias:
             shapes[p + "mlp.gate_proj.bias"] = (ffn,)
             shapes[p + "mlp.up_proj.bias"] = (ffn,)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import ops
-from ...layers import attention, causal_mask, rope_inv_freq, rotary_angles, rotary_cos, rotary_sin, swiglu_ffn
+from ...layers import attention, causal_mask, moe_ffn, rope_inv_freq, rotary_angles, rotary_cos, rotary_sin, swiglu_ffn
 from ...parallel import ParallelPlan
 from ...types import ReplicatedTensor, SplitPrimitiveTensor
 from ...weights import Theta, WeightSource
@@ -43,15 +43,21 @@ class LlamaModel:
     greedy ``generate``; plain torch tensors in and out (tokens int64 ``[B, S]``, logits
     ``[B, S, vocab]``)."""
 
-    def __init__(self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None, *, source: WeightSource | None = None):
+    def __init__(
+        self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None, *, source: WeightSource | None = None, experts: str = "ffn"
+    ):
         """``source``: where ``theta``'s bytes come from (``load_model`` passes it); a deferred
-        source's placeholders hold no data, so such a model can be exported, not run."""
+        source's placeholders hold no data, so such a model can be exported, not run.
+        ``experts``: how a mixture of experts is split over each tensor-parallel group:
+        ``"ffn"`` (each expert split as the dense FFN) or ``"experts"`` (expert parallelism
+        over the same devices, whole experts per device; eager only for now)."""
         self.config = config
         self.source = source if source is not None else WeightSource.of(theta)
         self.plan = plan or ParallelPlan.from_tp_pp(config.num_layers)
         if len(self.plan.stage_of_block) != config.num_layers:
             raise ValueError(f"plan has {len(self.plan.stage_of_block)} blocks, the model {config.num_layers}")
-        self.stages = shard_weights(config, theta, self.plan)
+        self.experts = experts
+        self.stages = shard_weights(config, theta, self.plan, experts=experts)
         self.dtype = theta["model.embed_tokens.weight"].dtype
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
@@ -154,10 +160,20 @@ class LlamaModel:
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
-                x = ops.add(x, swiglu_ffn(h, w["gate"], w["up"], w["down"], w.get("gate_bias"), w.get("up_bias"), w.get("down_bias")))
+                x = ops.add(x, self.ffn(h, w))
                 new_entries.append(kv)
                 block += 1
         return x, new_entries
+
+    def ffn(self, h, w: dict):
+        """The block's feed-forward part of ``h``: a SwiGLU FFN, or a mixture of experts."""
+        c = self.config
+        if c.is_moe:
+            return moe_ffn(
+                h, w["router"], w["experts_gate"], w["experts_up"], w["experts_down"],
+                top_k=c.num_experts_per_tok, routing=c.family.routing, normalize=c.norm_topk_prob,
+            )
+        return swiglu_ffn(h, w["gate"], w["up"], w["down"], w.get("gate_bias"), w.get("up_bias"), w.get("down_bias"))
 
     def head(self, x, weights) -> torch.Tensor:
         """Final norm and LM head (the last stage's ``weights``): logits as one plain tensor."""
