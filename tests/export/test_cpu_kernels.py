@@ -1,49 +1,60 @@
-"""The hand-written CPU block-product kernels (export/kernels: Q8_0, Q4_K, Q6_K), eagerly and
-compiled, against float64 products with the dequantized weight (and, for the kernels that
-take x as 16-bit integers, with the x they multiply by: int16_x.dequantized).
+"""The hand-written CPU block-product kernels (export/kernels: every layout of its registry),
+eagerly and compiled, against float64 products with the dequantized weight (and, for the
+kernels that take x as 16-bit integers, with the x they multiply by: int16_x.dequantized).
 
-One exported program holds every case (one compile): for each layout, x of 1 and 3 rows, in
-float32 and bfloat16, times N = 70 weight rows (a full workgroup of 64 and a remainder of 6).
-One float32 row of x (K = 4608: 18 KiB) is more than ``dispatch.X_CHUNK_BYTES``, so with one
+One exported program holds every case (one compile): for each layout, x of 1, 3 and 8 rows,
+in float32 and bfloat16, times N = 71 weight rows (a full workgroup of 64 and an odd
+remainder of 7), of weights whose float16 scales (and offsets) are positive, negative and 0.
+One float32 row of x (K = 4608: 18 KiB) is more than ``block_kernel.X_CHUNK_BYTES``, so with one
 row the weight rows go ``rows_at_once`` at a time, the last tile having fewer rows than one
 part of it; three rows of x go in passes of 5, 5, 5 and 3 super-blocks."""
 
 from __future__ import annotations
 
+import re
+
+import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export import kernels
-from sharktank.export.kernels import INTEGER_DOT, BlockProducts, block_product, dispatch, int16_x, kernels_in
+from sharktank.export.kernels import INTEGER_DOT, KERNELS, BlockProducts, block_product, int16_x, kernels_in
 from sharktank.export.kernels import LAYOUTS as ALL_LAYOUTS
-from sharktank.export.kernels.custom_op import GENERATORS, PRODUCTS, ROUNDINGS
+from sharktank.export.kernels.block_kernel import GROUP, X_CHUNK_BYTES
+from sharktank.export.kernels.custom_op import PRODUCTS, ROUNDINGS
+from sharktank.export.kernels.product_dispatch import module_asm
 from sharktank.runtime import Session
 from sharktank.types import LAYOUTS, QuantizedTensor
 
-N, K = 70, 4608  # K: 18 K-quant super-blocks, 144 Q8_0 blocks
-# The int16-x kernels (Q4_K, Q6_K) need AVX512-VNNI; on a host without it their layouts keep
+N, K = 71, 4608  # K: 18 K-quant super-blocks, 144 blocks of 32
+# The int16-x kernels (Q4_K, Q5_K, Q6_K) need AVX512-VNNI; on a host without it their layouts keep
 # the torch form (test_int16_x_kernels_need_the_integer_dot) and are not among the cases.
-INT16_X = [layout for layout in ALL_LAYOUTS if GENERATORS[layout].ELEMENTS == ("i16",)]
+INT16_X = [layout for layout in ALL_LAYOUTS if KERNELS[layout].int16_x]
 KERNEL_LAYOUTS = [layout for layout in ALL_LAYOUTS if INTEGER_DOT or layout not in INT16_X]
-CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in (1, 3) for dtype in (torch.float32, torch.bfloat16)]
-_SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # float16 d (and dmin) offsets
+ROWS = (1, 3, 8)
+CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in ROWS for dtype in (torch.float32, torch.bfloat16)]
+# Where each block holds float16 numbers: d (and dmin, or m).
+_SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def _weight(layout: str, seed: int) -> QuantizedTensor:
-    """Random valid blocks: any bytes, except the float16 super-block scales, kept finite."""
+    """Random valid blocks: any bytes, except the float16 numbers, kept finite: positive,
+    negative and (one in ten) zero, as real files have them."""
     lay, rng = LAYOUTS[layout], np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(N, K // lay.block_size, lay.block_bytes), dtype=np.uint8)
     for at in _SCALES[layout]:
-        d = rng.uniform(0.5, 1.0, raw.shape[:2]).astype(np.float16) * np.float16(1e-3)
+        sign = rng.choice([-1.0, 0.0, 1.0], size=raw.shape[:2], p=[0.45, 0.1, 0.45])
+        d = (sign * rng.uniform(0.5, 1.0, raw.shape[:2])).astype(np.float16) * np.float16(1e-3)
         raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
     return QuantizedTensor(lay, (N, K), torch.from_numpy(raw))
 
 
 WEIGHTS = {layout: _weight(layout, i) for i, layout in enumerate(ALL_LAYOUTS)}
-XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in (1, 3)}
+XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in ROWS}
 
 
 def _products(*args):
@@ -66,16 +77,22 @@ def _rounding_x(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-FLOAT_X = [layout for layout in KERNEL_LAYOUTS if "bf16" in GENERATORS[layout].ELEMENTS]
+FLOAT_X = [layout for layout in KERNEL_LAYOUTS if "bf16" in KERNELS[layout].elements]
 ROUNDED = [(layout, m, dtype) for layout in INT16_X if layout in KERNEL_LAYOUTS for m, dtype in ((1, torch.float32), (3, torch.bfloat16))]
 
 
 def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
     x = XS[m].to(dtype)
     if layout in INT16_X:  # the x these kernels multiply by
-        order = GENERATORS[layout].X_ORDER
+        order = KERNELS[layout].int16.order
         x = int16_x.dequantized(*int16_x.quantize(x, order)[:2], order)
-    return x.double() @ WEIGHTS[layout].dequantize().double().T
+    return x.double() @ _gguf_values(WEIGHTS[layout]).T
+
+
+def _gguf_values(w: QuantizedTensor) -> torch.Tensor:
+    """The weight as the gguf package expands it (not our code), in float64."""
+    blocks = w.blocks.reshape(w.shape[0], -1).numpy()
+    return torch.from_numpy(gguf.quants.dequantize(blocks, GGMLQuantizationType[w.layout.name]).astype(np.float64)).reshape(w.shape)
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -98,14 +115,29 @@ def compiled():
     return mlir, dict(zip(keys, (torch.from_numpy(np.asarray(r)) for r in results), strict=True))
 
 
+def test_weights_have_negative_and_zero_scales():
+    for layout, w in WEIGHTS.items():
+        d = w.blocks[..., _SCALES[layout][0] : _SCALES[layout][0] + 2].contiguous().view(torch.float16)
+        assert bool((d < 0).any() and (d == 0).any() and (d > 0).any()), layout
+
+
+def _block_loop_carries(mlir: str) -> int:
+    """The values the innermost loop (over a row's blocks) carries: accumulators per row of x,
+    per accumulator, per weight row going at once."""
+    counts = [int(n) for n in re.findall(r"%r_\d+:(\d+) = scf\.for .* iter_args", mlir)]
+    assert len(counts) == 1, counts
+    return counts[0]
+
+
 def test_one_row_of_x_goes_with_several_weight_rows_at_once():
     # The float-x cases above take the rows_at_once path with one row of x, not with three.
-    assert K * 4 > dispatch.X_CHUNK_BYTES
+    assert K * 4 > X_CHUNK_BYTES
     for layout in FLOAT_X:
-        gen = GENERATORS[layout]
-        assert gen.KERNEL.rows_at_once > 1
-        assert f"%row{gen.KERNEL.rows_at_once - 1} = " in gen.module_asm(1, N, K, "f32")
-        assert "%row1 = " not in gen.module_asm(3, N, K, "f32")
+        kernel = KERNELS[layout]
+        slots = len(kernel.accumulators)
+        assert kernel.rows_at_once > 1 and kernel.rows_together(1, K, "f32") == kernel.rows_at_once
+        assert _block_loop_carries(module_asm(kernel, 1, N, K, "f32")) == kernel.rows_at_once * slots
+        assert _block_loop_carries(module_asm(kernel, 3, N, K, "f32")) == 3 * slots
 
 
 def test_every_kernel_layout_is_called_in_the_export(compiled):
@@ -114,8 +146,8 @@ def test_every_kernel_layout_is_called_in_the_export(compiled):
     # bfloat16 x: each kernel stores y as bfloat16 itself (x going in as float32 or int16).
     for layout in KERNEL_LAYOUTS:
         elem = "i16" if layout in INT16_X else "f32"
-        assert f"@{GENERATORS[layout].function_name(1, N, K, elem, 'bf16')}(" in mlir
-        assert GENERATORS[layout].function_name(1, N, K, elem, "bf16").endswith(f"_{elem}_to_bf16")
+        assert f"@{KERNELS[layout].function_name(1, N, K, elem, 'bf16')}(" in mlir
+        assert KERNELS[layout].function_name(1, N, K, elem, "bf16").endswith(f"_{elem}_to_bf16")
 
 
 @pytest.mark.parametrize("layout, m, dtype", CASES, ids=[f"{lay}-m{m}-{str(d)[6:]}" for lay, m, d in CASES])
@@ -143,11 +175,11 @@ def test_int16_x_is_within_half_a_step_of_x_and_its_sums_are_of_its_values(order
     high = planes.reshape(4, K // 256, 2, 256)[:, :, 0]
     assert int(high.abs().max()) == 127  # each group's largest value: +-LIMIT = 127 * 256 + 127
     x_hat = int16_x.dequantized(planes, scales, order)
-    step = scales.repeat_interleave(dispatch.GROUP, dim=1)
+    step = scales.repeat_interleave(GROUP, dim=1)
     # Half a step, plus float32's rounding of x * LIMIT / max|x| (v up to 32639: 2^-9 of a step).
     assert bool(((x_hat - x).abs() <= step * (0.5 + 2**-8)).all())
-    assert torch.equal(x_hat[3], torch.zeros(K)) and torch.equal(sums[3], torch.zeros(K // dispatch.GROUP))
-    torch.testing.assert_close(sums, x_hat.reshape(4, -1, dispatch.GROUP).sum(-1))
+    assert torch.equal(x_hat[3], torch.zeros(K)) and torch.equal(sums[3], torch.zeros(K // GROUP))
+    torch.testing.assert_close(sums, x_hat.reshape(4, -1, GROUP).sum(-1))
     # The kernels' planes: group j of each 256 values holds group order[j] of x.
     natural = int16_x.quantize(x, tuple(range(8)))[0].reshape(4, K // 256, 2, 8, 32)
     assert torch.equal(planes.reshape(4, K // 256, 2, 8, 32), natural[:, :, :, list(order)])
@@ -161,15 +193,15 @@ def test_int16_x_is_within_half_a_step_of_x_and_its_sums_are_of_its_values(order
 @pytest.mark.parametrize("layout, m, dtype", ROUNDED, ids=[f"{lay}-m{m}-{str(d)[6:]}" for lay, m, d in ROUNDED])
 def test_int16_x_dispatch_rounds_x_as_the_torch_scheme(compiled, layout, m, dtype):
     mlir, results = compiled
-    gen = GENERATORS[layout]
+    kernel = KERNELS[layout]
     x = _rounding_x(XS[m]).to(dtype)
-    assert int16_x.function_name(m, K, str(dtype)[6:].replace("float32", "f32").replace("bfloat16", "bf16"), gen.X_ORDER, gen.KERNEL.sum_group) in mlir
-    planes, scales, sums = int16_x.quantize(x, gen.X_ORDER, gen.KERNEL.sum_group)
+    assert int16_x.function_name(m, K, str(dtype)[6:].replace("float32", "f32").replace("bfloat16", "bf16"), kernel.int16.order, kernel.sum_group) in mlir
+    planes, scales, sums = int16_x.quantize(x, kernel.int16.order, kernel.sum_group)
     assert torch.equal(results[(layout, m, dtype, "planes")], planes)
     assert torch.equal(results[(layout, m, dtype, "scales")], scales)
     # Each sum is of integers (exact in float32) times the scale: one rounding either way.
     assert torch.equal(results[(layout, m, dtype, "sums")], sums)
-    assert int(planes[:, :32].abs().sum() + planes[:, 256:288].abs().sum()) == 0 and not int16_x.dequantized(planes, scales, gen.X_ORDER)[:, 65].any()
+    assert int(planes[:, :32].abs().sum() + planes[:, 256:288].abs().sum()) == 0 and not int16_x.dequantized(planes, scales, kernel.int16.order)[:, 65].any()
 
 
 @pytest.mark.skipif(not INTEGER_DOT, reason="the int16-x kernels need AVX512-VNNI (this host lacks it)")

@@ -2,27 +2,27 @@
 decode step's attention (:func:`decode_attention`, :mod:`.attention`).
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
-``x @ w.T`` with a Q8_0, Q4_K or Q6_K weight becomes one call of that layout's dispatch
-(:mod:`.q8_0`, :mod:`.q4_k`, :mod:`.q6_k`, in the frame of :mod:`.dispatch`); other layouts
+``x @ w.T`` with a weight of a layout in :data:`.registry.KERNELS` becomes one call of that
+layout's dispatch (a file per layout, e.g. :mod:`.q8_0`, in the frame of
+:mod:`.product_dispatch`, itself in :mod:`.frame`, written with :mod:`.mlir`); other layouts
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
-form. The Q8_0 kernel takes x as float32; the Q4_K and Q6_K kernels take it rounded to 16-bit
-integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's) for exact integer dot
-products with AVX512-VNNI, which is what lets them read the weights at about the machine's
-bandwidth. Imports iree-turbine (the custom op), so only export imports it.
+form. The float-x kernels (Q8_0) take x as float32; the int16-x kernels (Q4_K, Q6_K) take it
+rounded to 16-bit integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's)
+for exact integer dot products with AVX512-VNNI, which is what lets them read the weights at
+about the machine's bandwidth. Imports iree-turbine (the custom op) only when a product is
+traced.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ...types import QuantizedTensor
+from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "BlockProducts", "decode_attention", "kernels_for", "kernels_in", "LAYOUTS", "INTEGER_DOT"]
+__all__ = ["block_product", "BlockProducts", "decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT"]
 
-LAYOUTS = ("Q8_0", "Q4_K", "Q6_K")  # the block layouts that have a kernel
-_KERNEL_CALL = re.compile(r"@sharktank_(?:(\w+?)_product|(decode_attention))_\d")
+_ATTENTION_PREFIX = "@sharktank_decode_attention_"  # attention.function_name's
 
 
 def _host_has(flag: str) -> bool:
@@ -34,7 +34,7 @@ def _host_has(flag: str) -> bool:
 
 
 # The kernels are compiled for this host's CPU (the cpu target's --target-arch default); the
-# Q4_K and Q6_K kernels' integer dot products (vpdpbusd) need AVX512-VNNI, without which those
+# int16-x kernels' integer dot products (vpdpbusd) need AVX512-VNNI, without which those
 # layouts keep the torch form.
 INTEGER_DOT = _host_has("avx512_vnni")
 
@@ -51,21 +51,20 @@ def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = No
     refuses one whose scratch would not fit a dispatch's stack), or the host CPU lacks the
     instructions a kernel needs (:data:`INTEGER_DOT`). ``rounded``: where given, x's int16
     rounding per (x, layout), made once and shared by the products that take the same x."""
-    from .custom_op import ELEMENT_TYPES, GENERATORS, PRODUCTS, ROUNDINGS
+    from .custom_op import ELEMENT_TYPES, PRODUCTS, ROUNDINGS
 
-    if w.layout.name not in LAYOUTS or x.dtype not in ELEMENT_TYPES:
+    kernel = KERNELS.get(w.layout.name)
+    if kernel is None or x.dtype not in ELEMENT_TYPES:
         return None
     n, k = w.shape
-    gen, x2 = GENERATORS[w.layout.name], x.reshape(-1, k)
-    integer = gen.KERNEL.int16_x
+    x2 = x.reshape(-1, k)
+    integer = kernel.int16_x
     if integer and not INTEGER_DOT:
         return None
     # The result in x's dtype, rounded as the kernel stores it: IREE made a conversion after
     # each product a dispatch of its own (7 of a 1B layer's 38).
     out = ELEMENT_TYPES[x.dtype]
-    try:
-        gen.module_asm(x2.shape[0], n, k, "i16" if integer else "f32", out)
-    except ValueError:
+    if kernel.refusal(x2.shape[0], n, k, "i16" if integer else "f32", out) is not None:
         return None
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
         if rounded is None:
@@ -123,6 +122,8 @@ class BlockProducts:
 
 
 def kernels_in(mlir: str) -> list[str]:
-    """The hand-written dispatches an exported module calls: the block layouts of its products
-    (lower case, e.g. ``q8_0``) and ``decode_attention``."""
-    return sorted({a or b for a, b in _KERNEL_CALL.findall(mlir)})
+    """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
+    the registered layouts of its products (lower case, e.g. ``q8_0``) and
+    ``decode_attention``."""
+    found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir]
+    return sorted(found + (["decode_attention"] if _ATTENTION_PREFIX in mlir else []))

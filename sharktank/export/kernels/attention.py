@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import struct
 
-from .dispatch import _indent
+from .frame import Operand, executable
+from .mlir import Emitter, Value, vector
 
 __all__ = ["CHUNK", "function_name", "module_asm"]
 
@@ -30,7 +31,7 @@ _FLOATS = ("f32", "bf16", "f16")
 
 
 def _bits(scale: float) -> str:
-    """The float32 bits of ``scale`` in hex: its MLIR literal, and its part of the name."""
+    """The float32 bits of ``scale`` in hex: its part of the name."""
     return struct.pack(">f", scale).hex().upper()
 
 
@@ -38,56 +39,44 @@ def function_name(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem
     return f"sharktank_decode_attention_{b}x{h}x{t}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
 
 
-def _chunk(g: int, e: int, kv_elem: str, kv_t: str) -> str:
-    """The body of an active chunk at ``%c`` (entries ``%c .. %c + 15``): from the running
-    ``%m{j}``, ``%l{j}``, ``%a{j}`` to the yielded ``%mn{j}``, ``%ln{j}`` and (the last
-    entry's) ``%a{j}_15``."""
-    ve, v16 = f"vector<{e}xf32>", "vector<16xf32>"
-    lines = []
+def _load_row(em: Emitter, mem: Value, indices: list[Value], e: int, elem: str) -> Value:
+    """``e`` values at ``indices`` of ``mem`` as float32."""
+    got = em.load(mem, indices, vector(e, elem), "kv")
+    return got if elem == "f32" else em.cast("arith.extf", got, vector(e, "f32"), "kv")
 
-    def row(cache: str, tt: int, name: str) -> None:
-        load = f"vector.load %{cache}[%b, %t{tt}, %h, %c0] : {kv_t}, vector<{e}x{kv_elem}>"
-        if kv_elem == "f32":
-            lines.append(f"%{name}{tt} = {load}")
-        else:
-            lines.extend([f"%{name}{tt}_e = {load}", f"%{name}{tt} = arith.extf %{name}{tt}_e : vector<{e}x{kv_elem}> to {ve}"])
 
+def _chunk(em: Emitter, at: dict[str, Value], queries: list[Value], state: list[Value], live: Value, e: int, kv_elem: str) -> list[Value]:
+    """An active chunk at ``at["c"]`` (entries ``c .. c + 15``): from the running maxima,
+    sums and accumulators ``state`` (g of each) to the next ones."""
+    g = len(queries)
+    ve, v16 = vector(e, "f32"), vector(CHUNK, "f32")
+    m, l, a = state[:g], state[g : 2 * g], state[2 * g :]
+    entries = [em.binary("arith.addi", at["c"], em.const(tt), "t") for tt in range(CHUNK)]
+    scores = [[None] * CHUNK for _ in range(g)]
     for tt in range(CHUNK):
-        lines += [f"%tt{tt} = arith.constant {tt} : index", f"%t{tt} = arith.addi %c, %tt{tt} : index"]
-        row("k", tt, "kr")
+        key = _load_row(em, at["k"], [at["b"], entries[tt], at["h"], em.const(0)], e, kv_elem)
         for j in range(g):
-            lines += [f"%p{j}_{tt} = arith.mulf %q{j}, %kr{tt} : {ve}", f"%s{j}_{tt} = vector.reduction <add>, %p{j}_{tt} : {ve} into f32"]
+            scores[j][tt] = em.reduction("add", em.binary("arith.mulf", queries[j], key, "p"), "s")
+    ninf16, zero_e = em.const(float("-inf"), v16), em.const(0.0, ve)
+    new_m, new_l, weights, acc = [], [], [], []
     for j in range(g):
-        lines += [
-            f"%sv{j} = vector.from_elements {', '.join(f'%s{j}_{tt}' for tt in range(CHUNK))} : {v16}",
-            f"%sm{j} = arith.select %live, %sv{j}, %ninf16 : vector<16xi1>, {v16}",
-            f"%mc{j} = vector.reduction <maximumf>, %sm{j} : {v16} into f32",
-            f"%mn{j} = arith.maximumf %m{j}, %mc{j} : f32",
-            f"%dm{j} = arith.subf %m{j}, %mn{j} : f32",
-            f"%cr{j} = math.exp %dm{j} : f32",  # 0 while the running maximum is -inf
-            f"%mnv{j} = vector.broadcast %mn{j} : f32 to {v16}",
-            f"%ds{j} = arith.subf %sm{j}, %mnv{j} : {v16}",
-            f"%w{j} = math.exp %ds{j} : {v16}",  # 0 where masked
-            f"%ws{j} = vector.reduction <add>, %w{j} : {v16} into f32",
-            f"%lc{j} = arith.mulf %l{j}, %cr{j} : f32",
-            f"%ln{j} = arith.addf %lc{j}, %ws{j} : f32",
-            f"%crv{j} = vector.broadcast %cr{j} : f32 to {ve}",
-            f"%a{j}_c = arith.mulf %a{j}, %crv{j} : {ve}",
-        ]
-    current = [f"%a{j}_c" for j in range(g)]
+        masked = em.select(live, em.from_elements(scores[j], "sv"), ninf16, "sm")
+        top = em.binary("arith.maximumf", m[j], em.reduction("maximumf", masked, "mc"), "mn")
+        correction = em.unary("math.exp", em.binary("arith.subf", m[j], top, "dm"), "cr")  # 0 while the running maximum is -inf
+        w = em.unary("math.exp", em.binary("arith.subf", masked, em.broadcast(top, v16), "ds"), "w")  # 0 where masked
+        total = em.binary("arith.addf", em.binary("arith.mulf", l[j], correction, "lc"), em.reduction("add", w, "ws"), "ln")
+        new_m.append(top)
+        new_l.append(total)
+        weights.append(w)
+        acc.append(em.binary("arith.mulf", a[j], em.broadcast(correction, ve), "ac"))
     for tt in range(CHUNK):
-        row("v", tt, "vr")
+        value = _load_row(em, at["v"], [at["b"], entries[tt], at["h"], em.const(0)], e, kv_elem)
         # A masked entry's values count 0 whatever they are (0 * NaN would be NaN).
-        lines += [f"%lv{tt} = vector.extract %live[{tt}] : i1 from vector<16xi1>", f"%vz{tt} = arith.select %lv{tt}, %vr{tt}, %zero_e : {ve}"]
+        value = em.select(em.extract(live, tt, "lv"), value, zero_e, "vz")
         for j in range(g):
-            name = f"%a{j}_{tt}"
-            lines += [
-                f"%w{j}_{tt} = vector.extract %w{j}[{tt}] : f32 from {v16}",
-                f"%wb{j}_{tt} = vector.broadcast %w{j}_{tt} : f32 to {ve}",
-                f"{name} = vector.fma %wb{j}_{tt}, %vz{tt}, {current[j]} : {ve}",
-            ]
-            current[j] = name
-    return "\n".join(lines)
+            weight = em.broadcast(em.extract(weights[j], tt, "w"), ve, "wb")
+            acc[j] = em.fma(weight, value, acc[j], "a")
+    return new_m + new_l + acc
 
 
 def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
@@ -100,84 +89,33 @@ def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: s
         raise ValueError(f"decode attention: q and the cache must be one of {list(_FLOATS)}, found {q_elem} and {kv_elem}")
     if h % kvh or t % CHUNK:
         raise ValueError(f"decode attention: expected query heads a multiple of KV heads and a cache length a multiple of {CHUNK}, found {h}, {kvh} and {t}")
-    g, name = h // kvh, function_name(b, h, t, kvh, e, q_elem, kv_elem, scale)
-    ve = f"vector<{e}xf32>"
-    q_t = f"memref<{b}x{h}x{e}x{q_elem}, strided<[{h * e}, {e}, 1], offset: ?>>"
-    kv_t = f"memref<{b}x{t}x{kvh}x{e}x{kv_elem}, strided<[{t * kvh * e}, {kvh * e}, {e}, 1], offset: ?>>"
-    m_t = f"memref<{b}x{t}xi8, strided<[{t}, 1], offset: ?>>"
-    queries = []
-    for j in range(g):
-        load = f"vector.load %q[%b, %hq{j}, %c0] : {q_t}, vector<{e}x{q_elem}>"
-        queries += [f"%jq{j} = arith.constant {j} : index", f"%hq{j} = arith.addi %h0, %jq{j} : index"]
-        queries += [f"%qr{j} = {load}"] if q_elem == "f32" else [f"%qe{j} = {load}", f"%qr{j} = arith.extf %qe{j} : vector<{e}x{q_elem}> to {ve}"]
-        queries.append(f"%q{j} = arith.mulf %qr{j}, %scalev : {ve}")
-    state = [f"%m{j}" for j in range(g)] + [f"%l{j}" for j in range(g)] + [f"%a{j}" for j in range(g)]
-    types = ["f32"] * (2 * g) + [ve] * g
-    inits = ", ".join(f"{s} = {init}" for s, init in zip(state, ["%ninf"] * g + ["%fz"] * g + ["%zero_e"] * g))
-    new = [f"%mn{j}" for j in range(g)] + [f"%ln{j}" for j in range(g)] + [f"%a{j}_{CHUNK - 1}" for j in range(g)]
-    n = len(state)
-    stores = []
-    for j in range(g):
-        stores += [f"%lv{j} = vector.broadcast %r#{g + j} : f32 to {ve}", f"%o{j} = arith.divf %r#{2 * g + j}, %lv{j} : {ve}"]
-        out = f"%o{j}"
-        if q_elem != "f32":
-            stores.append(f"%ot{j} = arith.truncf %o{j} : {ve} to vector<{e}x{q_elem}>")
-            out = f"%ot{j}"
-        stores.append(f"vector.store {out}, %out[%b, %hq{j}, %c0] : {q_t}, vector<{e}x{q_elem}>")
+    g = h // kvh
+    q_op, kv_shape = Operand("q", (b, h, e), q_elem), (b, t, kvh, e)
+    inputs = [q_op, Operand("k", kv_shape, kv_elem), Operand("v", kv_shape, kv_elem), Operand("mask", (b, t), "i8")]
 
-    q_tensor, kv_tensor, m_tensor = f"tensor<{b}x{h}x{e}x{q_elem}>", f"tensor<{b}x{t}x{kvh}x{e}x{kv_elem}>", f"tensor<{b}x{t}xi8>"
-    sig = ", ".join(types)
-    return f"""module {{
-stream.executable private @{name}_exe {{
-  stream.executable.export public @{name} workgroups() -> (index, index, index) {{
-    %g = arith.constant {b * kvh} : index
-    %one = arith.constant 1 : index
-    stream.return %g, %one, %one : index, index, index
-  }}
-  builtin.module {{
-    func.func @{name}(%qb: !stream.binding, %kb: !stream.binding, %vb: !stream.binding, %mb: !stream.binding, %ob: !stream.binding) {{
-      %c0 = arith.constant 0 : index
-      %c16 = arith.constant {CHUNK} : index
-      %ct = arith.constant {t} : index
-      %ckvh = arith.constant {kvh} : index
-      %cg = arith.constant {g} : index
-      %fz = arith.constant 0.0 : f32
-      %ninf = arith.constant 0xFF800000 : f32
-      %ninf16 = arith.constant dense<0xFF800000> : vector<16xf32>
-      %zero_e = arith.constant dense<0.0> : {ve}
-      %zero_m = arith.constant dense<0> : vector<16xi8>
-      %scale = arith.constant 0x{_bits(scale)} : f32
-      %scalev = vector.broadcast %scale : f32 to {ve}
-      %q = stream.binding.subspan %qb[%c0] : !stream.binding -> {q_t}
-      %k = stream.binding.subspan %kb[%c0] : !stream.binding -> {kv_t}
-      %v = stream.binding.subspan %vb[%c0] : !stream.binding -> {kv_t}
-      %mask = stream.binding.subspan %mb[%c0] : !stream.binding -> {m_t}
-      %out = stream.binding.subspan %ob[%c0] : !stream.binding -> {q_t}
-      %wg = stream.dispatch.workgroup.id[0] : index
-      %b = arith.divui %wg, %ckvh : index
-      %h = arith.remui %wg, %ckvh : index
-      %h0 = arith.muli %h, %cg : index
-{_indent(chr(10).join(queries), 6)}
-      %r:{n} = scf.for %c = %c0 to %ct step %c16 iter_args({inits}) -> ({sig}) {{
-        %mk = vector.load %mask[%b, %c] : {m_t}, vector<16xi8>
-        %live = arith.cmpi ne, %mk, %zero_m : vector<16xi8>
-        %any = vector.reduction <or>, %live : vector<16xi1> into i1
-        %s:{n} = scf.if %any -> ({sig}) {{
-{_indent(_chunk(g, e, kv_elem, kv_t), 10)}
-          scf.yield {", ".join(new)} : {sig}
-        }} else {{
-          scf.yield {", ".join(state)} : {sig}
-        }}
-        scf.yield {", ".join(f"%s#{i}" for i in range(n))} : {sig}
-      }}
-{_indent(chr(10).join(stores), 6)}
-      return
-    }}
-  }}
-}}
-util.func private @{name}(%q: {q_tensor}, %k: {kv_tensor}, %v: {kv_tensor}, %mask: {m_tensor}) -> {q_tensor} {{
-  %o = flow.dispatch @{name}_exe::@{name}(%q, %k, %v, %mask) : ({q_tensor}, {kv_tensor}, {kv_tensor}, {m_tensor}) -> {q_tensor}
-  util.return %o : {q_tensor}
-}}
-}}
-"""
+    def body(em: Emitter, wg: Value, views: list[Value]) -> None:
+        q, k, v, mask, out = views
+        c, ve = em.const, vector(e, "f32")
+        seq = em.binary("arith.divui", wg, c(kvh), "b")
+        head = em.binary("arith.remui", wg, c(kvh), "h")
+        h0 = em.binary("arith.muli", head, c(g), "h0")
+        scale_v = em.broadcast(c(scale, "f32"), ve, "scale")
+        heads = [em.binary("arith.addi", h0, c(j), "hq") for j in range(g)]
+        queries = [em.binary("arith.mulf", _load_row(em, q, [seq, hq, c(0)], e, q_elem), scale_v, "q") for hq in heads]
+        fz, ninf, zero_e = c(0.0, "f32"), c(float("-inf"), "f32"), c(0.0, ve)
+        at = dict(b=seq, h=head, k=k, v=v)
+
+        def step(chunk: Value, state: list[Value]) -> list[Value]:
+            live = em.cmp("arith.cmpi", "ne", em.load(mask, [seq, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
+            any_live = em.reduction("or", live, "any")
+            active = dict(at, c=chunk)
+            return em.if_(any_live, lambda: _chunk(em, active, queries, state, live, e, kv_elem), lambda: state, [s.type for s in state])
+
+        state = em.for_(c(0), c(t), c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
+        for j in range(g):
+            o = em.binary("arith.divf", state[2 * g + j], em.broadcast(state[g + j], ve, "l"), "o")
+            if q_elem != "f32":
+                o = em.cast("arith.truncf", o, vector(e, q_elem), "o")
+            em.store(o, out, [seq, heads[j], c(0)])
+
+    return executable(function_name(b, h, t, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)

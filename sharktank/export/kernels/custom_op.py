@@ -1,27 +1,27 @@
-"""The hand-written dispatches as iree-turbine custom ops: a block product per layout, x's
-int16 rounding per int16-x layout, and decode attention.
+"""The hand-written dispatches as iree-turbine custom ops: a block product per registered
+layout (:mod:`.registry`), x's int16 rounding per int16-x layout, and decode attention.
 
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
 with its ``stream.executable``); eagerly it is the torch form it replaces, so a model with
-kernels enabled computes the same eagerly as without them.
+kernels enabled computes the same eagerly as without them. The block-product ops are made
+from the registry: ``sharktank_<layout>_product`` (and ``sharktank_<layout>_x16``).
 """
 
 from __future__ import annotations
-
-from types import ModuleType
 
 import torch
 from iree.turbine.runtime.op_reg import CustomOp, KernelBuilder, KernelSelection, impl_helper
 from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 
-from ...types.quantized import LAYOUTS, QuantizedTensor
-from . import attention, int16_x, q4_k, q6_k, q8_0
+from ...types.quantized import QuantizedTensor
+from . import attention, int16_x, product_dispatch
+from .block_kernel import GROUP, BlockKernel
+from .registry import KERNELS
 
-__all__ = ["ELEMENT_TYPES", "GENERATORS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention"]
+__all__ = ["DTYPES", "ELEMENT_TYPES", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
-GENERATORS: dict[str, ModuleType] = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}  # layout -> its MLIR generator
 
 
 class _Generated(TemplateLoader):
@@ -35,23 +35,31 @@ class _Generated(TemplateLoader):
 _templates = _Generated()
 
 
-class _BlockProduct(CustomOp):
-    """``x [M, K] @ dequantize(blocks).T`` for ``layout`` ``blocks`` ``[N, K/block_size,
-    block_bytes]`` (an int8 view of the stored bytes), in dtype ``y`` ("f32", "bf16", "f16")."""
+def _call(kb: KernelBuilder, name: str, module, **kwargs) -> None:
+    """Yield the results of the generated function ``name`` on the op's tensor operands."""
+    func = _templates.inline_template_function(kb, name, name, module=module, **kwargs)
+    tensors = [b for b in kb.arg_bindings if b is not None]  # attributes are not operands
+    kb.yield_results(*impl_helper.call_function(func, *tensors))
 
-    layout: str
+
+class _BlockProduct(CustomOp):
+    """``x [M, K] @ dequantize(blocks).T`` for ``kernel``'s layout, ``blocks`` ``[N,
+    K/block_size, block_bytes]`` (an int8 view of the stored bytes), in dtype ``y`` ("f32",
+    "bf16", "f16")."""
+
+    kernel: BlockKernel
 
     def _result(self, ksel: KernelSelection, m: int, n: int, y_at: int) -> None:
         y = ksel.attr_str(y_at).v
-        torch._check(y in DTYPES, lambda: f"{self.layout} kernel: result type {y!r} is not one of {sorted(DTYPES)}")
+        torch._check(y in DTYPES, lambda: f"{self.kernel.layout_name} kernel: result type {y!r} is not one of {sorted(DTYPES)}")
         ksel.return_new_tensor([m, n], DTYPES[y]).specialize_all_dims()
 
     def select(self, ksel: KernelSelection):
         x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
-        lay = LAYOUTS[self.layout]
+        kern = self.kernel
         torch._check(
-            x.t.ndim == 2 and blocks.t.ndim == 3 and blocks.t.shape[-1] == lay.block_bytes and x.t.shape[1] == blocks.t.shape[1] * lay.block_size,
-            lambda: f"{self.layout} kernel: expected x [M, K] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], found {list(x.t.shape)} and {list(blocks.t.shape)}",
+            x.t.ndim == 2 and blocks.t.ndim == 3 and blocks.t.shape[-1] == kern.block_bytes and x.t.shape[1] == blocks.t.shape[1] * kern.block_size,
+            lambda: f"{kern.layout_name} kernel: expected x [M, K] and blocks [N, K/{kern.block_size}, {kern.block_bytes}], found {list(x.t.shape)} and {list(blocks.t.shape)}",
         )
         x.specialize_all_dims()
         blocks.specialize_all_dims()
@@ -61,36 +69,31 @@ class _BlockProduct(CustomOp):
         return self._product(x, blocks).to(DTYPES[y])
 
     def _product(self, x, blocks):
-        lay = LAYOUTS[self.layout]
         n, nb, _ = blocks.shape
-        return QuantizedTensor(lay, (n, nb * lay.block_size), blocks.view(torch.uint8)).product(x)
+        return QuantizedTensor(self.kernel.layout, (n, nb * self.kernel.block_size), blocks.view(torch.uint8)).product(x)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         x, blocks, y = ksel.arg_descs[0].t, ksel.arg_descs[-2].t, ksel.arg_descs[-1].v
         m, k, n = x.shape[0], x.shape[1], blocks.shape[0]
-        gen = GENERATORS[self.layout]
-        elem, k = ("i16", k // 2) if gen.KERNEL.int16_x else (ELEMENT_TYPES[x.dtype], k)  # int16 x: two int8 planes
-        name = gen.function_name(m, n, k, elem, y)
-        func = _templates.inline_template_function(kb, name, name, module=gen.module_asm, m=m, n=n, k=k, elem=elem, y=y)
-        tensors = [b for b in kb.arg_bindings if b is not None]  # y is an attribute, not an operand
-        kb.yield_results(*impl_helper.call_function(func, *tensors))
+        elem, k = ("i16", k // 2) if self.kernel.int16_x else (ELEMENT_TYPES[x.dtype], k)  # int16 x: two int8 planes
+        args = dict(kernel=self.kernel, m=m, n=n, k=k, elem=elem, y=y)
+        _call(kb, self.kernel.function_name(m, n, k, elem, y), product_dispatch.module_asm, **args)
 
 
 class _Int16BlockProduct(_BlockProduct):
     """``dequantized(x) @ dequantize(blocks).T`` for int16 ``x`` as int8 ``planes`` [M, 2K]
     with its groups' ``scales`` [M, K/32] and ``sums`` [M, K/sum_group] (:mod:`.int16_x`, in
-    the generator's ``X_ORDER``)."""
+    the kernel's order)."""
 
     def select(self, ksel: KernelSelection):
         x, scales, sums, blocks = (ksel.arg_tensor(i) for i in range(4))
-        lay = LAYOUTS[self.layout]
-        per = GENERATORS[self.layout].KERNEL.sum_group
-        groups = [x.t.shape[0], x.t.shape[1] // (2 * int16_x.GROUP)] if x.t.ndim == 2 else None
+        kern, per = self.kernel, self.kernel.sum_group
+        groups = [x.t.shape[0], x.t.shape[1] // (2 * GROUP)] if x.t.ndim == 2 else None
         summed = [x.t.shape[0], x.t.shape[1] // (2 * per)] if x.t.ndim == 2 else None
         torch._check(
             x.t.ndim == 2 and x.t.dtype == torch.int8 and list(scales.t.shape) == groups and list(sums.t.shape) == summed
-            and blocks.t.ndim == 3 and blocks.t.shape[-1] == lay.block_bytes and x.t.shape[1] == 2 * blocks.t.shape[1] * lay.block_size,
-            lambda: f"{self.layout} kernel: expected int8 planes [M, 2K], scales [M, K/{int16_x.GROUP}], sums [M, K/{per}] and blocks [N, K/{lay.block_size}, {lay.block_bytes}], "
+            and blocks.t.ndim == 3 and blocks.t.shape[-1] == kern.block_bytes and x.t.shape[1] == 2 * blocks.t.shape[1] * kern.block_size,
+            lambda: f"{kern.layout_name} kernel: expected int8 planes [M, 2K], scales [M, K/{GROUP}], sums [M, K/{per}] and blocks [N, K/{kern.block_size}, {kern.block_bytes}], "
             f"found {list(x.t.shape)} ({x.t.dtype}), {list(scales.t.shape)}, {list(sums.t.shape)} and {list(blocks.t.shape)}",
         )
         for arg in (x, scales, sums, blocks):
@@ -98,14 +101,14 @@ class _Int16BlockProduct(_BlockProduct):
         self._result(ksel, x.t.shape[0], blocks.t.shape[0], 4)
 
     def eager_execute(self, x, scales, sums, blocks, y):
-        return self._product(int16_x.dequantized(x, scales, GENERATORS[self.layout].X_ORDER), blocks).to(DTYPES[y])
+        return self._product(int16_x.dequantized(x, scales, self.kernel.int16.order), blocks).to(DTYPES[y])
 
 
 class _Int16X(CustomOp):
-    """``int16_x.quantize(x, X_ORDER, sum_group)`` for ``layout``'s kernel: ``(planes, scales,
-    sums)`` of float ``x`` [M, K], as one dispatch (:func:`.int16_x.module_asm`)."""
+    """``int16_x.quantize(x, order, sum_group)`` for ``kernel``: ``(planes, scales, sums)`` of
+    float ``x`` [M, K], as one dispatch (:func:`.int16_x.module_asm`)."""
 
-    layout: str
+    kernel: BlockKernel
 
     def select(self, ksel: KernelSelection):
         x = ksel.arg_tensor(0)
@@ -114,57 +117,40 @@ class _Int16X(CustomOp):
             lambda: f"int16 x: expected float x [M, K] with K a multiple of {int16_x.PLANE}, found {list(x.t.shape)} ({x.t.dtype})",
         )
         x.specialize_all_dims()
-        (m, k), per = x.t.shape, GENERATORS[self.layout].KERNEL.sum_group
-        for shape, dtype in (([m, 2 * k], torch.int8), ([m, k // int16_x.GROUP], torch.float32), ([m, k // per], torch.float32)):
+        (m, k), per = x.t.shape, self.kernel.sum_group
+        for shape, dtype in (([m, 2 * k], torch.int8), ([m, k // GROUP], torch.float32), ([m, k // per], torch.float32)):
             ksel.return_new_tensor(shape, dtype).specialize_all_dims()
 
     def eager_execute(self, x):
-        gen = GENERATORS[self.layout]
-        return int16_x.quantize(x, gen.X_ORDER, gen.KERNEL.sum_group)
+        return int16_x.quantize(x, self.kernel.int16.order, self.kernel.sum_group)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
-        x, gen = ksel.arg_descs[0].t, GENERATORS[self.layout]
-        args = dict(m=x.shape[0], k=x.shape[1], elem=ELEMENT_TYPES[x.dtype], order=gen.X_ORDER, sum_group=gen.KERNEL.sum_group)
-        name = int16_x.function_name(**args)
-        func = _templates.inline_template_function(kb, name, name, module=int16_x.module_asm, **args)
-        kb.yield_results(*impl_helper.call_function(func, *kb.arg_bindings))
+        x = ksel.arg_descs[0].t
+        args = dict(m=x.shape[0], k=x.shape[1], elem=ELEMENT_TYPES[x.dtype], order=self.kernel.int16.order, sum_group=self.kernel.sum_group)
+        _call(kb, int16_x.function_name(**args), int16_x.module_asm, **args)
 
 
-@CustomOp.register()
-class sharktank_q4_k_x16(_Int16X):
-    signature = "sharktank_q4_k_x16(Tensor x) -> (Tensor, Tensor, Tensor)"
-    layout = "Q4_K"
+def _register(base: type, name: str, operands: str, results: str, kernel: BlockKernel):
+    """The op ``name(operands) -> results`` of class ``base`` for ``kernel``, registered."""
+    body = {"signature": f"{name}({operands}) -> {results}", "kernel": kernel, "__doc__": base.__doc__}
+    return CustomOp.register()(type(name, (base,), body))
 
 
-@CustomOp.register()
-class sharktank_q6_k_x16(_Int16X):
-    signature = "sharktank_q6_k_x16(Tensor x) -> (Tensor, Tensor, Tensor)"
-    layout = "Q6_K"
-
-
-@CustomOp.register()
-class sharktank_q8_0_product(_BlockProduct):
-    signature = "sharktank_q8_0_product(Tensor x, Tensor blocks, str y) -> (Tensor)"
-    layout = "Q8_0"
-
-
-@CustomOp.register()
-class sharktank_q4_k_product(_Int16BlockProduct):
-    signature = "sharktank_q4_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks, str y) -> (Tensor)"
-    layout = "Q4_K"
-
-
-@CustomOp.register()
-class sharktank_q6_k_product(_Int16BlockProduct):
-    signature = "sharktank_q6_k_product(Tensor x, Tensor scales, Tensor sums, Tensor blocks, str y) -> (Tensor)"
-    layout = "Q6_K"
+def _product_op(kernel: BlockKernel):
+    if kernel.int16_x:
+        return _register(_Int16BlockProduct, f"sharktank_{kernel.name}_product", "Tensor x, Tensor scales, Tensor sums, Tensor blocks, str y", "(Tensor)", kernel)
+    return _register(_BlockProduct, f"sharktank_{kernel.name}_product", "Tensor x, Tensor blocks, str y", "(Tensor)", kernel)
 
 
 # The op of each layout with a kernel: ``op(x, blocks.view(torch.int8), y)``, or for a layout
-# whose generator takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
+# whose kernel takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
 # ``y``: the result's element type ("f32", "bf16", "f16").
-PRODUCTS = {"Q8_0": sharktank_q8_0_product, "Q4_K": sharktank_q4_k_product, "Q6_K": sharktank_q6_k_product}
-ROUNDINGS = {"Q4_K": sharktank_q4_k_x16, "Q6_K": sharktank_q6_k_x16}  # x as its int16 kernel takes it
+PRODUCTS = {layout: _product_op(kernel) for layout, kernel in KERNELS.items()}
+ROUNDINGS = {  # x as its int16 kernel takes it
+    layout: _register(_Int16X, f"sharktank_{kernel.name}_x16", "Tensor x", "(Tensor, Tensor, Tensor)", kernel)
+    for layout, kernel in KERNELS.items()
+    if kernel.int16_x
+}
 
 
 @CustomOp.register()
@@ -206,7 +192,4 @@ class sharktank_decode_attention(CustomOp):
         q, k = ksel.arg_descs[0].t, ksel.arg_descs[1].t
         (b, h, e), (_, t, kvh, _) = q.shape, k.shape
         args = dict(b=b, h=h, t=t, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[4].v)
-        name = attention.function_name(**args)
-        func = _templates.inline_template_function(kb, name, name, module=attention.module_asm, **args)
-        tensors = [a for a in kb.arg_bindings if a is not None]  # the scale is an attribute
-        kb.yield_results(*impl_helper.call_function(func, *tensors))
+        _call(kb, attention.function_name(**args), attention.module_asm, **args)

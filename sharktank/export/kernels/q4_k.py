@@ -23,91 +23,72 @@ the result is 2e-5 of the product's largest value away from the float product in
 
 from __future__ import annotations
 
-from . import dispatch
+from .block_kernel import BlockKernel, Int16X
+from .product_dispatch import Block
+from .mlir import Value, vector
 
-KERNEL = dispatch.Kernel("q4_k", block_size=256, block_bytes=144, rows_per_workgroup=64, width=16, rows_at_once=2, elements=("i16",))
-ELEMENTS = KERNEL.elements  # int16 x only: float x goes through int16_x.quantize
+__all__ = ["KERNEL", "X_ORDER", "nibble_products", "scales_and_mins", "x_scales"]
+
 X_ORDER = (0, 2, 1, 3, 4, 6, 5, 7)  # x's groups in each super-block, as the kernel reads them
 AHEAD = 12  # super-blocks the prefetches run ahead (1.7 KB)
 
 
-def _scales(block: dispatch.Block) -> str:
-    """``%s`` and ``%o`` (vector<8xf32>): each sub-block's ``d * sc_j`` and ``-dmin * m_j``.
-    Sub-block j < 4 takes the low 6 bits of bytes j (scale) and j+4 (min); j >= 4 a nibble of
-    byte j+4 (low: scale, high: min) under the top 2 bits of byte j-4 (scale) or j (min)."""
-    v4 = "vector<4xi8>"
+def scales_and_mins(blk: Block) -> tuple[Value, Value]:
+    """(vector<8xf32>) each sub-block's ``d * sc_j`` and ``-dmin * m_j`` (Q4_K, Q5_K: the 16
+    bytes at the block's start). Sub-block j < 4 takes the low 6 bits of bytes j (scale) and
+    j+4 (min); j >= 4 a nibble of byte j+4 (low: scale, high: min) under the top 2 bits of
+    byte j-4 (scale) or j (min)."""
+    e, v4 = blk.e, vector(4, "i8")
+    d, dmin = blk.halves(0, 2)
+    packed = blk.byte(4, 12, "sb")
+    lo, hi, tail = (e.slice(packed, at, 4, name) for at, name in ((0, "lo"), (4, "hi"), (8, "tl")))
+    k63, k15, k4, k6 = (e.const(v, v4) for v in (63, 15, 4, 6))
 
-    def part(name: str, at: int) -> str:
-        return f"%{name} = vector.extract_strided_slice %sb {{offsets = [{at}], sizes = [4], strides = [1]}} : vector<12xi8> to {v4}"
-
-    return f"""{block.byte(0, 4, "dd")}
-%ddh = vector.bitcast %dd : vector<4xi8> to vector<2xf16>
-%ddf = arith.extf %ddh : vector<2xf16> to vector<2xf32>
-%d = vector.extract %ddf[0] : f32 from vector<2xf32>
-%dmin = vector.extract %ddf[1] : f32 from vector<2xf32>
-{block.byte(4, 12, "sb")}
-{part("lo", 0)}
-{part("hi", 4)}
-{part("tl", 8)}
-%k63 = arith.constant dense<63> : {v4}
-%k15 = arith.constant dense<15> : {v4}
-%k4 = arith.constant dense<4> : {v4}
-%k6 = arith.constant dense<6> : {v4}
-%sc_lo = arith.andi %lo, %k63 : {v4}
-%mn_lo = arith.andi %hi, %k63 : {v4}
-%lo_top = arith.shrui %lo, %k6 : {v4}
-%lo_top4 = arith.shli %lo_top, %k4 : {v4}
-%tl_low = arith.andi %tl, %k15 : {v4}
-%sc_hi = arith.ori %tl_low, %lo_top4 : {v4}
-%hi_top = arith.shrui %hi, %k6 : {v4}
-%hi_top4 = arith.shli %hi_top, %k4 : {v4}
-%tl_high = arith.shrui %tl, %k4 : {v4}
-%mn_hi = arith.ori %tl_high, %hi_top4 : {v4}
-%sc = vector.shuffle %sc_lo, %sc_hi [0, 1, 2, 3, 4, 5, 6, 7] : {v4}, {v4}
-%mn = vector.shuffle %mn_lo, %mn_hi [0, 1, 2, 3, 4, 5, 6, 7] : {v4}, {v4}
-%scf = arith.uitofp %sc : vector<8xi8> to vector<8xf32>
-%mnf = arith.uitofp %mn : vector<8xi8> to vector<8xf32>
-%dv = vector.broadcast %d : f32 to vector<8xf32>
-%ndmin = arith.negf %dmin : f32
-%nmv = vector.broadcast %ndmin : f32 to vector<8xf32>
-%s = arith.mulf %scf, %dv : vector<8xf32>
-%o = arith.mulf %mnf, %nmv : vector<8xf32>"""
+    sc_lo, mn_lo = e.binary("arith.andi", lo, k63, "sc"), e.binary("arith.andi", hi, k63, "mn")
+    top = e.binary("arith.shli", e.binary("arith.shrui", lo, k6), k4)  # (byte >> 6) << 4
+    sc_hi = e.binary("arith.ori", e.binary("arith.andi", tail, k15), top, "sc")
+    top = e.binary("arith.shli", e.binary("arith.shrui", hi, k6), k4)
+    mn_hi = e.binary("arith.ori", e.binary("arith.shrui", tail, k4), top, "mn")
+    sc = e.shuffle(sc_lo, sc_hi, range(8), "sc")
+    mn = e.shuffle(mn_lo, mn_hi, range(8), "mn")
+    v8 = vector(8, "f32")
+    scf, mnf = e.cast("arith.uitofp", sc, v8, "scf"), e.cast("arith.uitofp", mn, v8, "mnf")
+    s = e.binary("arith.mulf", scf, e.broadcast(d, v8), "s")
+    o = e.binary("arith.mulf", mnf, e.broadcast(e.unary("arith.negf", dmin), v8), "o")
+    return s, o
 
 
-def _body(block: dispatch.Block) -> str:
-    offsets = block.add_accumulator("vector<8xf32>")
-    v64 = "vector<64xi8>"
-    lines = [
-        block.prefetch(AHEAD),
-        _scales(block),
-        f"%b15 = arith.constant dense<15> : {v64}",
-        f"%b4 = arith.constant dense<4> : {v64}",
-        "%c8 = arith.constant 8 : index",
-        "%b8 = arith.muli %b, %c8 : index",
-    ]
-    for i in range(block.m):  # the mins' share; each sub-block's weight scale times x's
-        lines += [
-            f"%xs8_{i} = vector.load %xs[%r{i}, %b8] : {block.sums_t}, vector<8xf32>",
-            block.fma(i, "%o", f"%xs8_{i}", offsets, "m"),
-            f"%xd8_{i} = vector.load %xd[%r{i}, %b8] : {block.group_t}, vector<8xf32>",
-            f"%sx{i} = arith.mulf %s, %xd8_{i} : vector<8xf32>",
-        ]
+def x_scales(blk: Block, s: Value, offsets: Value, slot: int) -> list[Value]:
+    """Per row of x: the mins' share added (``offsets`` times x's sums, into ``slot``), and
+    each sub-block's weight scale ``s`` times x's group scale (vector<8xf32>)."""
+    e, v8 = blk.e, vector(8, "f32")
+    b8 = e.binary("arith.muli", blk.b, e.const(8), "b8")
+    scaled = []
+    for i in range(blk.m):
+        blk.fma(i, offsets, e.load(blk.xs, [blk.rows[i], b8], v8, "xs"), slot)
+        scaled.append(e.binary("arith.mulf", s, e.load(blk.xd, [blk.rows[i], b8], v8, "xd"), "sx"))
+    return scaled
+
+
+def nibble_products(blk: Block, run: int, low: Value, high: Value, scaled: list[Value]) -> None:
+    """Every row's accumulator += the products of run ``run``'s 64 bytes of values (sub-blocks
+    4 run + (0, 2) in ``low``, (1, 3) in ``high``, unsigned bytes) with x."""
+    for h, values in ((0, low), (1, high)):
+        a, at = 4 * run + h, 128 * run + 64 * h  # lanes 0-7: sub-block a, 8-15: a + 2
+        for i in range(blk.m):
+            blk.x16_accumulate(i, values, at, scaled[i], [a] * 8 + [a + 2] * 8)
+
+
+def _body(blk: Block) -> None:
+    e, v64 = blk.e, vector(64, "i8")
+    blk.prefetch(AHEAD)
+    s, o = scales_and_mins(blk)
+    scaled = x_scales(blk, s, o, 1)
     for run in range(2):  # bytes 64 run .. + 64: sub-blocks 4 run + (0, 2) low, (1, 3) high
-        lines += [block.byte(16 + 64 * run, 64, f"q{run}"), f"%lo{run} = arith.andi %q{run}, %b15 : {v64}", f"%hi{run} = arith.shrui %q{run}, %b4 : {v64}"]
-        for h, nibbles in ((0, f"%lo{run}"), (1, f"%hi{run}")):
-            a, at = 4 * run + h, 128 * run + 64 * h  # lanes 0-7: sub-block a, 8-15: a + 2
-            for i in range(block.m):
-                t = f"{run}{h}_{i}"
-                lines.append(block.x16_accumulate(i, nibbles, at, f"%sx{i}", 8, [a] * 8 + [a + 2] * 8, t))
-    return "\n".join(lines)
+        q = blk.byte(16 + 64 * run, 64)
+        low = e.binary("arith.andi", q, e.const(15, v64), "lo")
+        high = e.binary("arith.shrui", q, e.const(4, v64), "hi")
+        nibble_products(blk, run, low, high, scaled)
 
 
-def function_name(m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
-    return KERNEL.function_name(m, n, k, elem, y)
-
-
-def module_asm(m: int, n: int, k: int, elem: str = "i16", y: str | None = None) -> str:
-    """A module holding ``util.func @<function_name>(planes: tensor<m x 2k x i8>, scales, sums:
-    tensor<m x k/32 x f32>, blocks: tensor<n x k/256 x 144 x i8>) -> tensor<m x n x y>``
-    and the dispatch it calls (``planes`` as ``int16_x.quantize(x, X_ORDER)`` makes them; ``y``: f32, the default, bf16 or f16)."""
-    return dispatch.module_asm(KERNEL, m, n, k, elem, _body, y)
+KERNEL = BlockKernel("Q4_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 8), int16=Int16X(X_ORDER))

@@ -1,0 +1,129 @@
+"""What a layout's block-product kernel registers (:class:`BlockKernel`): its loop body, how
+its workgroups tile the weight rows, the x it takes, and the checks that say whether a shape
+fits (:meth:`BlockKernel.refusal`), from which the block product, its custom op, the
+manifest's ``cpu_kernels`` and the fit checks are all derived (:mod:`.registry`).
+
+x is float (``f32``, ``bf16``, ``f16``), or 16-bit integers (``i16``, :mod:`.int16_x`, as two
+int8 planes) with each group of :data:`GROUP` values' scale and sums as two more operands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ...types.quantized import LAYOUTS, BlockLayout
+
+if TYPE_CHECKING:
+    from .product_dispatch import Block
+
+__all__ = ["BlockKernel", "GROUP", "Int16X", "RESULT_TYPES", "STACK_BYTES", "X_CHUNK_BYTES", "result_type"]
+
+GROUP = 32  # int16 x: values per scale
+FLOATS = ("f32", "bf16", "f16")
+RESULT_TYPES = FLOATS
+ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i16": 2}
+X_CHUNK_BYTES = 16384  # the most bytes of x a workgroup's rows read per pass over their blocks
+# Scratch (memref.alloca) a dispatch may hold: IREE's CPU backend refuses more than 32 KiB
+# of stack per function ("exceeded stack allocation limit"); some margin for its own.
+STACK_BYTES = 28 * 1024
+
+
+@dataclass(frozen=True)
+class Int16X:
+    """x as 16-bit integers (:mod:`.int16_x`): ``order``, the groups of each 256 values as
+    the kernel reads them; ``sum_group``, the values each of x's sums adds up."""
+
+    order: tuple[int, ...]
+    sum_group: int = GROUP
+
+
+def result_type(elem: str) -> str:
+    """The result's element type by default: x's, float32 for int16 x."""
+    return "f32" if elem == "i16" else elem
+
+
+@dataclass(frozen=True)
+class BlockKernel:
+    """A layout's kernel: ``body(block)`` writes the block loop's body for one weight row
+    (:class:`~.product_dispatch.Block`), adding into ``accumulators`` (float32 vectors of those
+    lanes, per row of x; the first has ``width`` lanes)."""
+
+    layout_name: str  # as in types.LAYOUTS: "Q4_K"
+    body: Callable[["Block"], None] = field(compare=False)
+    rows_per_workgroup: int = 64
+    # Weight rows whose block loops run side by side (sharing x's loads) where one row of x is
+    # more than X_CHUNK_BYTES, which each weight row would otherwise read from L2.
+    rows_at_once: int = 1
+    accumulators: tuple[int, ...] = (32,)
+    int16: Int16X | None = None  # None: float x
+
+    def __post_init__(self):
+        if self.layout_name not in LAYOUTS:
+            raise ValueError(f"kernel for {self.layout_name}: expected one of the block layouts {sorted(LAYOUTS)}")
+        if self.rows_per_workgroup % self.rows_at_once:
+            raise ValueError(f"{self.layout_name} kernel: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of rows_at_once {self.rows_at_once}")
+
+    @property
+    def layout(self) -> BlockLayout:
+        return LAYOUTS[self.layout_name]
+
+    @property
+    def name(self) -> str:
+        """Lower case, as in function names and the manifest: ``q4_k``."""
+        return self.layout_name.lower()
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layout.block_bytes
+
+    @property
+    def width(self) -> int:
+        return self.accumulators[0]
+
+    @property
+    def elements(self) -> tuple[str, ...]:
+        """The x it takes."""
+        return ("i16",) if self.int16 else FLOATS
+
+    @property
+    def int16_x(self) -> bool:
+        return self.int16 is not None
+
+    @property
+    def sum_group(self) -> int:
+        return self.int16.sum_group if self.int16 else GROUP
+
+    @property
+    def function_prefix(self) -> str:
+        """What every function name of this kernel starts with."""
+        return f"sharktank_{self.name}_product_"
+
+    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+        """``y``: the result's element type where it is not the default (:func:`result_type`)."""
+        suffix = "" if y in (None, result_type(elem)) else f"_to_{y}"
+        return f"{self.function_prefix}{m}x{n}x{k}_{elem}{suffix}"
+
+    def rows_together(self, m: int, k: int, elem: str) -> int:
+        """Weight rows whose block loops go side by side for x ``[m, k]`` of ``elem``."""
+        return self.rows_at_once if m == 1 and k * ELEMENT_BYTES[elem] >= X_CHUNK_BYTES else 1
+
+    def refusal(self, m: int, n: int, k: int, elem: str, y: str | None = None) -> str | None:
+        """Why the kernel does not take ``x [m, k] @ w[n, k].T`` (x of ``elem``, the result of
+        ``y``), or None where it does."""
+        what = f"{self.layout_name} kernel"
+        y = result_type(elem) if y is None else y
+        if elem not in self.elements:
+            return f"{what}: activations of type {elem} are not supported; expected one of {list(self.elements)}"
+        if y not in RESULT_TYPES:
+            return f"{what}: results of type {y} are not supported; expected one of {list(RESULT_TYPES)}"
+        if min(m, n, k) <= 0 or k % self.block_size:
+            return f"{what}: expected M, N >= 1 and K a multiple of the block size {self.block_size}, found M={m}, N={n}, K={k}"
+        scratch = 4 * self.rows_per_workgroup * m  # each tile row's result so far, per row of x
+        if scratch > STACK_BYTES:
+            return f"{what}: x [{m}, {k}] needs {scratch} bytes of scratch, more than the {STACK_BYTES} a dispatch may hold"
+        return None

@@ -1,0 +1,225 @@
+"""The block product's dispatch, shared by every layout: workgroups take a tile of
+``rows_per_workgroup`` weight rows each (the last one the remainder), a loop over a row's
+blocks carries float32 accumulator vectors per row of ``x``, then the per-row sums and
+stores. A layout (:mod:`.registry`) writes only the loop's body, how one block's bytes become
+products (:class:`Block`), as a Python function: where several weight rows go at once, the
+frame calls it once per row.
+
+Where ``x`` is larger than :data:`X_CHUNK_BYTES` (8 rows of 2048 float32 are 64 KiB), the
+rows walk their blocks in passes over that much of ``x``, so that it stays in L1 while the
+tile's rows read it; each pass's sums are added to the rows' results. An 8192x2048 Q4_K
+product with 8 rows took 2.4-2.9 ms so against 3.1-3.2 ms in one pass. A single row of
+``x`` always goes in one pass, and where it is larger than that (ffn_down's K=8192: 32 KiB,
+all of a Zen4 core's L1) a kernel's ``rows_at_once`` weight rows walk their blocks side by
+side, each load of ``x`` serving all of them: with the weights read from memory (8 weights
+of 2048x8192 in turn, interleaved rounds), Q8_0 took 0.82 ms a product with 4 rows at once
+against 1.31 ms, and the float32-x forms of Q4_K and Q6_K 0.74 against 0.96 ms and 1.14
+against 1.35 ms with 2. Their int16-x forms (two bytes a value) take 2 from 16 KiB: Q4_K
+2048x8192 0.56 against 0.69 ms. With K=2048 it made no difference (or was a little slower),
+and with 8 rows of x it was slower.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .block_kernel import ELEMENT_BYTES, GROUP, X_CHUNK_BYTES, BlockKernel, result_type
+from .frame import Operand, executable
+from .mlir import Emitter, Value, elem_of, vector
+
+__all__ = ["Block", "module_asm"]
+
+
+class Block:
+    """What a layout's loop body writes with, for one weight row: the emitter ``e``, the
+    weight memref ``w`` indexed ``[row, b, byte]``, the value column ``k`` where block ``b``
+    starts, x's rows ``rows`` (index constants), and the accumulators; with int16 x (``x``:
+    its int8 planes) also ``xd``, its groups' scales, and ``xs``, its sums of every
+    ``kernel.sum_group`` values."""
+
+    def __init__(self, e: Emitter, kernel: BlockKernel, operands: dict[str, Value], row: Value, b: Value, k: Value, rows: list[Value], accs: list[list[Value]]):
+        self.e, self.kernel, self.row, self.b, self.k, self.rows = e, kernel, row, b, k, rows
+        self.x, self.w = operands["x"], operands["w"]
+        self.xd, self.xs = operands.get("xd"), operands.get("xs")
+        self.current = [list(row_accs) for row_accs in accs]  # per row of x, per accumulator
+        self.m = len(rows)
+        self._k2: Value | None = None
+
+    @property
+    def acc(self) -> str:
+        """The first accumulator's type (``kernel.width`` float32 lanes)."""
+        return vector(self.kernel.width, "f32")
+
+    def byte(self, offset: int, lanes: int, hint: str = "q") -> Value:
+        """The ``lanes`` bytes (``vector<lanes x i8>``) at ``offset`` of the block."""
+        return self.e.load(self.w, [self.row, self.b, self.e.const(offset)], vector(lanes, "i8"), hint)
+
+    def halves(self, offset: int, count: int = 1) -> list[Value]:
+        """The ``count`` float16 numbers at ``offset`` of the block, as float32 scalars."""
+        e = self.e
+        raw = self.byte(offset, 2 * count, "hb")
+        h = e.cast("vector.bitcast", raw, vector(count, "f16"), "h")
+        f = e.cast("arith.extf", h, vector(count, "f32"), "hf")
+        return [e.extract(f, i, "d") for i in range(count)]
+
+    def prefetch(self, ahead: int) -> None:
+        """Prefetch the block ``ahead`` blocks on (past a row's end: the next row's). The
+        hardware's own prefetching left these loops waiting on memory: the 1B Q4_K mix decoded
+        at 38.7 ms/token with it in the Q4_K and Q6_K kernels against 43.0 without (7 paired
+        rounds). In Q8_0's it made the whole decode slower, so that kernel has none."""
+        e = self.e
+        later = e.binary("arith.addi", self.b, e.const(ahead), "pf")
+        for at in range(0, self.kernel.block_bytes, 64):
+            e.prefetch(self.w, [self.row, later, e.const(at)])
+
+    def fma(self, i: int, a: Value, b: Value, slot: int = 0) -> None:
+        """Row ``i``'s accumulator ``slot`` += ``a * b``."""
+        self.current[i][slot] = self.e.fma(a, b, self.current[i][slot])
+
+    def load_x(self, i: int, column: int, lanes: int) -> Value:
+        """float32 ``x[i, k + column : + lanes]``."""
+        e = self.e
+        col = e.binary("arith.addi", self.k, e.const(column), "col")
+        elem = elem_of(self.x.type)
+        got = e.load(self.x, [self.rows[i], col], vector(lanes, elem), "x")
+        return got if elem == "f32" else e.cast("arith.extf", got, vector(lanes, "f32"), "x")
+
+    def accumulate(self, values: Value, column: int) -> None:
+        """Every row's accumulator += ``values`` (``acc`` type) times ``x[i, k + column : + width]``."""
+        for i in range(self.m):
+            self.fma(i, values, self.load_x(i, column, self.kernel.width))
+
+    def x16_dot(self, i: int, unsigned: Value, at: int) -> Value:
+        """(vector<16xf32>) the exact integer products of the 64 ``unsigned`` bytes with int16
+        x's 64 values from ``at`` in the super-block (row ``i``), summed in groups of 4 (lane j:
+        values 4j..4j+3): ``256 * dot(u, high) + dot(u, low)``, two ``vpdpbusd``. The planes
+        of each 256 values: 256 high bytes, then 256 low."""
+        e, v64 = self.e, vector(64, "i8")
+        if self._k2 is None:
+            self._k2 = e.binary("arith.addi", self.k, self.k, "k2")
+        high_at = e.binary("arith.addi", self._k2, e.const(at), "col")
+        high = e.load(self.x, [self.rows[i], high_at], v64, "xh")
+        low_at = e.binary("arith.addi", self._k2, e.const(256 + at), "col")
+        low = e.load(self.x, [self.rows[i], low_at], v64, "xl")
+        i32 = vector(16, "i32")
+        dh = e.int8_dot(e.const(0, i32), unsigned, high, "dh")
+        dh8 = e.binary("arith.shli", dh, e.const(8, i32), "dh")
+        dot = e.int8_dot(dh8, unsigned, low, "dot")
+        return e.cast("arith.sitofp", dot, vector(16, "f32"), "dot")
+
+    def x16_accumulate(self, i: int, unsigned: Value, at: int, scales: Value, picks: list[int], slot: int = 0) -> None:
+        """Row ``i``'s accumulator ``slot`` (16 lanes) += :meth:`x16_dot` times ``scales``,
+        lane j taking ``scales[picks[j]]``."""
+        dot = self.x16_dot(i, unsigned, at)
+        self.fma(i, dot, self.e.shuffle(scales, scales, picks, "sv"), slot)
+
+
+def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str) -> tuple[list[Operand], Operand]:
+    nb = k // kernel.block_size
+    x = Operand("x", (m, 2 * k), "i8") if elem == "i16" else Operand("x", (m, k), elem)  # int16 x: its two int8 planes
+    groups = [Operand("xd", (m, k // GROUP), "f32"), Operand("xs", (m, k // kernel.sum_group), "f32")] if elem == "i16" else []
+    return [x, *groups, Operand("w", (n, nb, kernel.block_bytes), "i8")], Operand("y", (m, n), y)
+
+
+# Cached: the custom op builds a shape's module once per trace that takes it.
+@functools.cache
+def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+    """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
+    tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x y>`` and its dispatch.
+    With ``elem`` "i16" the function takes ``(planes: tensor<m x 2k x i8>, scales: tensor<m x
+    k/GROUP x f32>, sums: tensor<m x k/sum_group x f32>, blocks)``. ``y``: the result's element
+    type (f32, bf16 or f16; by default :func:`result_type`): the sums are float32 and rounded
+    once to it as they are stored, so that a half-precision model needs no conversion
+    dispatch after each product. ValueError where the kernel refuses the shape."""
+    y = result_type(elem) if y is None else y
+    refusal = kernel.refusal(m, n, k, elem, y)
+    if refusal:
+        raise ValueError(refusal)
+    inputs, output = _operands(kernel, m, n, k, elem, y)
+    tile = kernel.rows_per_workgroup
+    body = functools.partial(_dispatch, kernel, m, n, k, elem, [op.hint for op in inputs])
+    return executable(kernel.function_name(m, n, k, elem, y), -(-n // tile), inputs, [output], body)
+
+
+def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: list[str], e: Emitter, wg: Value, views: list[Value]) -> None:
+    operands = dict(zip([*names, "y"], views))
+    t, nb, slots = kernel.rows_per_workgroup, k // kernel.block_size, len(kernel.accumulators)
+    together = kernel.rows_together(m, k, elem)
+    c = e.const
+    rows = [c(i) for i in range(m)]
+    zeros = [c(0.0, vector(lanes, "f32")) for lanes in kernel.accumulators]
+    first = e.binary("arith.muli", wg, c(t), "first")
+    left = e.binary("arith.subi", c(n), first, "left")
+    count = e.binary("arith.minsi", c(t), left, "count")
+    parts = e.binary("arith.minsi", count, c(t // together), "parts")
+    sums_t = f"memref<{t}x{m}xf32>"
+    sums = e.alloca(sums_t, "sums")  # each tile row's result so far, per row of x
+    fz = c(0.0, "f32")
+
+    def zero(i: Value, _):
+        for r in rows:
+            e.store_scalar(fz, sums, [i, r])
+
+    e.for_(c(0), count, c(1), zero)
+    # Rows of x are read once per weight row: in chunks of blocks whose x fits in L1 (each
+    # weight row's partial sums kept in sums), not all of K, when x is large (M=8: 64 KiB).
+    # One row of x goes in one pass: a 2048x8192 Q8_0 product took 1.02 ms so against 1.25 ms
+    # in passes of 16 KiB (interleaved rounds), the weight rows then read in one stream each.
+    chunk = c(nb if m == 1 else max(1, X_CHUNK_BYTES // (m * kernel.block_size * ELEMENT_BYTES[elem])))
+
+    def tile_rows(i: Value) -> tuple[list[Value], list[Value]]:
+        # The tile's rows go `together` at a time, copy r taking the r-th of as many equal
+        # parts of the tile, so that each copy's weight rows are one stream: rows next to each
+        # other made short streams (each weight row's few KiB), and 8192x2048 products 2x slower.
+        # Where the last tile has fewer rows, a copy past them reads the last row again (its sums
+        # land in scratch rows no store reads).
+        at, weight_rows = [], []
+        for r in range(together):
+            at.append(e.binary("arith.addi", i, c(r * (t // together)), "at"))
+            row = e.binary("arith.addi", first, at[-1], "row")
+            weight_rows.append(e.binary("arith.minsi", row, c(n - 1), "row"))
+        return at, weight_rows
+
+    def chunk_pass(b0: Value, _):
+        end = e.binary("arith.addi", b0, chunk, "b1")
+        b1 = e.binary("arith.minsi", end, c(nb), "b1")
+
+        def tile_part(i: Value, _):
+            at, weight_rows = tile_rows(i)
+            inits = [zeros[s] for _ in range(together) for _ in range(m) for s in range(slots)]
+
+            def block_loop(b: Value, carried: list[Value]) -> list[Value]:
+                kcol = e.binary("arith.muli", b, c(kernel.block_size), "k")
+                out = []
+                for r in range(together):
+                    mine = carried[r * m * slots : (r + 1) * m * slots]
+                    blk = Block(e, kernel, operands, weight_rows[r], b, kcol, rows, [mine[j * slots : (j + 1) * slots] for j in range(m)])
+                    kernel.body(blk)
+                    out += [v for row_accs in blk.current for v in row_accs]
+                return out
+
+            accs = e.for_(b0, b1, c(1), block_loop, inits, hint="b")
+            for r in range(together):
+                for j in range(m):
+                    total = None
+                    for s in range(slots):
+                        part = e.reduction("add", accs[(r * m + j) * slots + s], "s")
+                        total = part if total is None else e.binary("arith.addf", total, part, "s")
+                    old = e.load_scalar(sums, [at[r], rows[j]], "old")
+                    e.store_scalar(e.binary("arith.addf", old, total, "new"), sums, [at[r], rows[j]])
+
+        e.for_(c(0), parts, c(1), tile_part)
+
+    e.for_(c(0), c(nb), chunk, chunk_pass, hint="b0")
+
+    def store(i: Value, _):
+        row = e.binary("arith.addi", first, i, "row")
+        y = operands["y"]
+        y_elem = elem_of(y.type)
+        for r in rows:
+            got = e.load_scalar(sums, [i, r], "y")
+            if y_elem != "f32":
+                got = e.cast("arith.truncf", got, y_elem, "y")
+            e.store_scalar(got, y, [r, row])
+
+    e.for_(c(0), count, c(1), store)

@@ -1,0 +1,35 @@
+"""The block layouts that have a CPU kernel: one entry per layout file. Everything else about
+the kernels is derived from this table: the custom ops (:mod:`.custom_op`), which layouts
+:func:`~sharktank.export.kernels.block_product` takes and whether a shape fits
+(:meth:`.BlockKernel.refusal`), and the manifest's ``cpu_kernels``
+(:func:`~sharktank.export.kernels.kernels_in`).
+
+Adding a layout: a file with its loop body and its :class:`.BlockKernel`, and its line here.
+"""
+
+from __future__ import annotations
+
+from . import q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from .block_kernel import BlockKernel
+
+__all__ = ["KERNELS", "LAYOUTS"]
+
+
+def _table(*kernels: BlockKernel) -> dict[str, BlockKernel]:
+    table = {kernel.layout_name: kernel for kernel in kernels}
+    if len(table) != len(kernels):
+        raise ValueError(f"one kernel per layout expected, found {[k.layout_name for k in kernels]}")
+    return table
+
+
+KERNELS: dict[str, BlockKernel] = _table(
+    q8_0.KERNEL,
+    q4_0.KERNEL,
+    q4_1.KERNEL,
+    q5_0.KERNEL,
+    q5_1.KERNEL,
+    q4_k.KERNEL,
+    q5_k.KERNEL,
+    q6_k.KERNEL,
+)
+LAYOUTS = tuple(KERNELS)  # the block layouts that have a kernel

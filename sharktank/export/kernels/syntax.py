@@ -1,0 +1,34 @@
+"""The MLIR forms whose spelling differs between the IREE releases the kernels meet, each
+written here once; everything else the emitter (:mod:`.mlir`) writes is stable syntax.
+
+- A slice of a 1-D vector is written as a ``vector.shuffle`` of the one source:
+  ``vector.extract_strided_slice``'s attribute form (``{offsets = [..], sizes = .., strides
+  = ..}``) is what IREE 3.10 parses and 3.13 rejects (``expected 'offsets'``), while 3.13's
+  form (``offsets = [..], sizes = ..`` without braces) is rejected by 3.10. Both parse the
+  shuffle, and a 1-D strided slice lowers to the same LLVM ``shufflevector``.
+- ``vector.extract`` of a scalar names its result and source type (``: f32 from
+  vector<2xf32>``), the form since LLVM 19.
+- ``vpdpbusd`` is an LLVM intrinsic call: MLIR's x86vector dialect is not in IREE's compiler.
+"""
+
+from __future__ import annotations
+
+__all__ = ["extract", "int8_dot", "slice_1d"]
+
+
+def slice_1d(source: str, source_type: str, offset: int, size: int) -> str:
+    """The op taking lanes ``offset .. offset + size`` of the 1-D vector ``source``."""
+    lanes = ", ".join(str(offset + i) for i in range(size))
+    return f"vector.shuffle {source}, {source} [{lanes}] : {source_type}, {source_type}"
+
+
+def extract(source: str, source_type: str, position: int, elem: str) -> str:
+    """The op taking lane ``position`` of the 1-D vector ``source`` as a scalar ``elem``."""
+    return f"vector.extract {source}[{position}] : {elem} from {source_type}"
+
+
+def int8_dot(acc: str, unsigned: str, signed: str) -> str:
+    """``vpdpbusd`` (AVX512-VNNI): ``acc`` (vector<16xi32>) plus, in lane i, the sum of the
+    products of bytes 4i..4i+3 of ``unsigned`` (vector<64xi8> read as uint8) and ``signed``."""
+    return (f'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"({acc}, {unsigned}, {signed}) : '
+            "(vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>")

@@ -1,0 +1,110 @@
+"""Every hand-written dispatch the generators can write, parsed (not compiled) by the MLIR
+parser of the IREE compiler in use: layout x x dtype x rows of x x weight rows at once, x's
+int16 rounding, decode attention. A value defined twice (two bodies, or one body emitted twice,
+picking the same name) or a type that does not match its use fails the parse, in milliseconds
+a module, where a compile would take seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from iree.compiler import ir
+
+from sharktank.export.kernels import KERNELS, LAYOUTS, attention, int16_x, kernels_in
+from sharktank.export.kernels.block_kernel import STACK_BYTES, X_CHUNK_BYTES
+from sharktank.export.kernels.mlir import Emitter
+from sharktank.export.kernels.product_dispatch import module_asm
+from sharktank.types.quantized import LAYOUTS as BLOCK_LAYOUTS
+
+N = 67  # odd: a full workgroup and a remainder
+ROWS = (1, 3, 8)
+AT_ONCE = (1, 2, 4)
+MATRIX = [(layout, elem, m, r) for layout in LAYOUTS for elem in KERNELS[layout].elements for m in ROWS for r in AT_ONCE]
+_DEFINED = re.compile(r"(%[A-Za-z_][\w]*)(?::\d+)?\s*=")
+
+
+@pytest.fixture(scope="module")
+def context():
+    return ir.Context()
+
+
+def _parse(context, text: str) -> None:
+    ir.Module.parse(text, context)
+
+
+def _k(layout: str) -> int:
+    """A K whose one row of x (2 bytes a value at the least) is past X_CHUNK_BYTES, so that one
+    row of x takes the rows-at-once path."""
+    size = BLOCK_LAYOUTS[layout].block_size
+    return -(-X_CHUNK_BYTES // (2 * size)) * size
+
+
+def _names_are_generated(text: str) -> None:
+    names = _DEFINED.findall(text)
+    assert len(names) == len(set(names)), "a value name is defined twice"
+    assert all(re.fullmatch(r"%[A-Za-z_]\w*_\d+", n) for n in names), [n for n in names if not re.fullmatch(r"%[A-Za-z_]\w*_\d+", n)][:5]
+
+
+@pytest.mark.parametrize("layout, elem, m, at_once", MATRIX, ids=[f"{lay}-{e}-m{m}-r{r}" for lay, e, m, r in MATRIX])
+def test_block_product_parses(context, layout, elem, m, at_once):
+    kernel = dataclasses.replace(KERNELS[layout], rows_at_once=at_once)
+    k = _k(layout)
+    assert kernel.rows_together(m, k, elem) == (at_once if m == 1 else 1)
+    for y in {"f32", "bf16"}:
+        text = module_asm(kernel, m, N, k, elem, y)
+        _names_are_generated(text)
+        _parse(context, text)
+
+
+@pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if KERNELS[layout].int16_x])
+@pytest.mark.parametrize("elem", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("m", ROWS)
+def test_int16_rounding_parses(context, layout, elem, m):
+    kernel = KERNELS[layout]
+    text = int16_x.module_asm(m, 512, elem, kernel.int16.order, kernel.sum_group)
+    _names_are_generated(text)
+    _parse(context, text)
+
+
+@pytest.mark.parametrize("h, kvh", [(8, 2), (4, 4), (9, 3)])
+@pytest.mark.parametrize("q_elem, kv_elem", [("f32", "f32"), ("f32", "bf16"), ("bf16", "bf16"), ("f16", "f16")])
+def test_decode_attention_parses(context, h, kvh, q_elem, kv_elem):
+    text = attention.module_asm(2, h, 32, kvh, 64, q_elem, kv_elem, 0.125)
+    _names_are_generated(text)
+    _parse(context, text)
+
+
+def test_the_parse_catches_a_name_defined_twice(context):
+    # What the matrix relies on: the parser rejects a clash (and the emitter never makes one).
+    clash = "func.func @f() {\n  %a = arith.constant 0 : index\n  %a = arith.constant 1 : index\n  return\n}"
+    with pytest.raises(Exception, match="redefinition of SSA value '%a'"):
+        _parse(context, clash)
+    e = Emitter()
+    assert len({e.fresh("a") for _ in range(100)} | {e.fresh("a_1") for _ in range(100)}) == 200
+
+
+def test_the_emitter_checks_types_and_yields():
+    e = Emitter()
+    i, f = e.const(1), e.const(1.0, "f32")
+    with pytest.raises(ValueError, match="operands of one type expected, found index and f32"):
+        e.binary("arith.addi", i, f)
+    with pytest.raises(ValueError, match=r"yields \['index'\], expected \['f32'\]"):
+        e.for_(i, i, i, lambda iv, carried: [iv], [f])
+    assert e.const(1) is i  # a constant is made once per region
+
+
+def test_the_registry_is_the_one_source():
+    assert LAYOUTS == tuple(KERNELS)
+    for name, kernel in KERNELS.items():
+        assert kernel.layout is BLOCK_LAYOUTS[name] and kernel.name == name.lower()
+        k = 8 * kernel.block_size
+        # The manifest's cpu_kernels: found from the registered names in a module's text.
+        assert kernels_in(module_asm(kernel, 1, N, k, kernel.elements[0])) == [kernel.name]
+        # The fit checks: what the generator refuses, with what it expected and found.
+        assert kernel.refusal(1, N, kernel.block_size + 1, kernel.elements[0]) is not None
+        too_many = STACK_BYTES // (4 * kernel.rows_per_workgroup) + 1
+        assert "bytes of scratch" in kernel.refusal(too_many, N, k, kernel.elements[0])
+        with pytest.raises(ValueError, match=f"{name} kernel: activations of type i8 are not supported"):
+            module_asm(kernel, 1, N, k, "i8")
