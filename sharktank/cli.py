@@ -382,12 +382,45 @@ def cmd_perplexity(args) -> int:
 
 
 # --- inspect -----------------------------------------------------------------------------------
-def cmd_inspect(args) -> int:
-    from .runtime import read_manifest
+def _device_bytes(directory: str) -> tuple[object, dict[int, int]]:
+    """``(manifest, parameter bytes per global device)`` of a one-program or multi-host artifact."""
+    from .export.manifest import HostsManifest, Manifest, read_any
 
-    m = read_manifest(args.dir)
-    p = m.parallel
-    per_device = {str(f["device"]): f["size"] for f in m.parameters["files"].values()}
+    m = read_any(directory)
+    if isinstance(m, Manifest):
+        return m, {f["device"]: f["size"] for f in m.parameters["files"].values()}
+    assert isinstance(m, HostsManifest)
+    sizes: dict[int, int] = {}
+    for h in m.hosts:
+        local = {l: g for g, l in h.data["devices"]}
+        for f in Manifest.read(m.host_dir(h.host)).parameters["files"].values():
+            sizes[local[f["device"]]] = sizes.get(local[f["device"]], 0) + f["size"]
+    return m, sizes
+
+
+def cmd_inspect(args) -> int:
+    from .export.manifest import HostsManifest
+    from .parallel.drawing import draw_svg, draw_text
+
+    m, per_device = _device_bytes(args.dir)
+    p = m.data["parallel"]
+    if args.svg:
+        from .weights._files import atomic_file
+
+        with atomic_file(args.svg) as tmp:
+            Path(tmp).write_text(draw_svg(p, per_device, title=f"{Path(args.dir).resolve().name}: tp={p['tp']} pp={p['pp']}"))
+    if isinstance(m, HostsManifest):
+        info = {
+            "model": m.data["model"]["source"], "dtype": m.dtype, "tp": p["tp"], "pp": p["pp"], "hosts": len(m.hosts),
+            "parameter_bytes_per_device": {str(d): b for d, b in sorted(per_device.items())},
+            "host_dirs": [h.dir for h in m.hosts],
+        }
+        if args.json:
+            print(json.dumps(info))
+            return 0
+        print(f"{info['model']} ({info['dtype']}), tp={info['tp']} pp={info['pp']}, over {info['hosts']} hosts ({', '.join(info['host_dirs'])}: inspect each for its program)")
+        print(draw_text(p, per_device))
+        return 0
     info = {
         "model": m.source,
         "dtype": m.dtype,
@@ -396,7 +429,7 @@ def cmd_inspect(args) -> int:
         "device_count": m.device_count,
         "stages": [{"stage": s, "blocks": [b for b, x in enumerate(p["stage_of_block"]) if x == s], "devices": reps} for s, reps in enumerate(p["replicas"])],
         "paths": p["paths"],
-        "parameter_bytes_per_device": per_device,
+        "parameter_bytes_per_device": {str(d): b for d, b in per_device.items()},
         "transfers": m.transfers,
         "functions": sorted(m.functions),
         "compile": m.compile,
@@ -406,11 +439,8 @@ def cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps(info))
         return 0
-    print(f"{info['model']} ({info['dtype']}), tp={info['tp']} pp={info['pp']}, {info['device_count']} devices")
-    for st in info["stages"]:
-        print(f"  stage {st['stage']}: blocks {st['blocks']} on {' | '.join(map(str, st['devices']))}")
-    print("  paths (replica per stage):", p["paths"])
-    print("parameter bytes per device:", ", ".join(f"{d}: {b}" for d, b in sorted(per_device.items(), key=lambda x: int(x[0]))))
+    print(f"{info['model']} ({info['dtype']}), {info['device_count']} devices")
+    print(draw_text(p, per_device))
     print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
     tok = info["tokenizer"]
     print("tokenizer:", "none (token ids only)" if tok is None else tok["kind"] + (f" {tok['file']}, EOS ids {tok['eos_token_ids']}" if tok["kind"] == "hf" else ""))
@@ -621,9 +651,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--log-level", dest="log_level", default="warning", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's log level (default warning)")
     v.set_defaults(func=cmd_serve)
 
-    i = sub.add_parser("inspect", help="describe an exported directory", description="Devices per stage, parameter bytes per device, transfers per function, compile flags.")
-    i.add_argument("dir", help="an export directory (from `sharktank export`)")
+    i = sub.add_parser(
+        "inspect", help="describe an exported directory (and draw its placement)",
+        description="Draw the placement (devices as columns, pipeline stages as rows, each cell the microbatch paths "
+        "A, B, ... that run that stage on that device, so a letter read down the rows is one path's route; the "
+        "parameter bytes each device holds), then transfers per function, the tokenizer and the compile flags. "
+        "A multi-host artifact's top directory draws the whole plan with each stage's host.",
+    )
+    i.add_argument("dir", help="an export directory (from `sharktank export`, one program or --hosts)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument("--svg", metavar="FILE", help="also write the drawing as an SVG picture to FILE")
     i.set_defaults(func=cmd_inspect)
 
     from .evaluate import METHOD

@@ -97,8 +97,12 @@ def test_save_logits_and_inspect(tp2pp2, tmp_path):
     info = json.loads(sharktank("inspect", out, "--json").stdout)
     assert info["stages"][1]["devices"] == [[2, 3]] and info["transfers"]["decode_bs1"] == 23
     assert set(info["parameter_bytes_per_device"]) == {"0", "1", "2", "3"}
-    text = sharktank("inspect", out).stdout
-    assert "stage 1: blocks [2, 3] on [2, 3]" in text
+    text = sharktank("inspect", out, "--svg", tmp_path / "plan.svg").stdout
+    # The drawing: stage 1 (blocks 2-3) runs path A on devices 2 and 3 only.
+    first, row = (next(line for line in text.splitlines() if line.startswith(f"stage {s}")) for s in (0, 1))
+    assert row.split() == ["stage", "1", "A", "A", "blocks", "2-3"] and row.index("A") > first.rindex("A")
+    assert "path A: dev 0+1 -> dev 2+3" in text
+    assert (tmp_path / "plan.svg").read_text().startswith("<svg") and "path A: devices 0+1 -&gt; 2+3" in (tmp_path / "plan.svg").read_text()
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:

@@ -149,6 +149,14 @@ def test_hosts_named_by_a_placement_file_may_hold_unequal_stages(artifacts, tmp_
     assert [(h["stages"], h["blocks"], h["devices"]) for h in m["hosts"]] == [
         ([0, 1, 2], [0, 1, 2], [[d, d] for d in range(6)]), ([3], [3], [[6, 0], [7, 1]])
     ]
+    # inspect draws the whole plan with each stage's host, and each global device holds the
+    # weights the same device holds in the one-host artifact.
+    inspect = [subprocess.run(_cli("inspect", artifacts[k], *extra), cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S) for k, extra in
+               (("tp2pp4x2-uneven", ["--json"]), ("tp2pp4", ["--json"]), ("tp2pp4x2-uneven", []))]
+    assert [p.returncode for p in inspect] == [0, 0, 0], [p.stderr[-2000:] for p in inspect]
+    hosts, single = json.loads(inspect[0].stdout), json.loads(inspect[1].stdout)
+    assert hosts["hosts"] == 2 and hosts["parameter_bytes_per_device"] == single["parameter_bytes_per_device"]
+    assert "block 3, host 1" in inspect[2].stdout and "path A: dev 0+1 -> dev 2+3 -> dev 4+5 -> dev 6+7" in inspect[2].stdout
     want = _single_host(artifacts["tp2pp4"], tmp_path / "single.npy")  # the same stages on one host
     assert "host_of_stage" not in json.loads((artifacts["tp2pp4"] / "manifest.json").read_text())["parallel"]
     port = _free_port()
