@@ -90,18 +90,15 @@ def _eager(source: str) -> Target:
 
 
 def source_tokenizer(source: str) -> Tokenizer:
-    """The tokenizer a model source carries: bytes for a preset, ``tokenizer.json`` (with its
-    checkpoint's settings) in a Hugging Face directory, a GGUF's ``tokenizer.ggml.*`` metadata;
-    the same ones ``export`` copies into an artifact. Raises ``TokenizerError`` when it has none."""
-    from ..models.llama.presets import PRESETS
-    from ..text import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_from_gguf
+    """The tokenizer a model source carries (the one ``export`` copies into an artifact:
+    :func:`sharktank.text.tokenizer.source_tokenizer`); raises ``TokenizerError`` when it has none."""
+    from ..text import TokenizerError, tokenizer_from_gguf
     from ..text.tokenizer import TOKENIZER_FILE
+    from ..text.tokenizer import source_tokenizer as carried
 
-    if source in PRESETS:
-        return ByteTokenizer()
-    path = Path(source)
-    if path.is_dir() and (path / TOKENIZER_FILE).is_file():
-        return HFTokenizer.from_checkpoint(path)
-    if path.suffix == ".gguf":
-        return tokenizer_from_gguf(path)  # says so when the file has no tokenizer metadata
-    raise TokenizerError(f"{source}: carries no tokenizer (a theta directory, an .irpa or a checkpoint without {TOKENIZER_FILE}); perplexity needs one to read the text")
+    tok = carried(source)
+    if tok is None:
+        if Path(source).suffix == ".gguf":
+            return tokenizer_from_gguf(source)  # its own words: the file has no tokenizer metadata
+        raise TokenizerError(f"{source}: carries no tokenizer (a theta directory, an .irpa or a checkpoint without {TOKENIZER_FILE}); perplexity needs one to read the text")
+    return tok

@@ -185,32 +185,45 @@ def tokenizer_from_gguf(path: str | os.PathLike) -> HFTokenizer:
 
 
 # --- artifacts -----------------------------------------------------------------------------------
-def export_tokenizer(source: str, directory: Path, *, vocab_size: int, progress=lambda msg: None) -> dict | None:
-    """Write the tokenizer of an export ``source`` into ``directory`` and return its manifest
-    entry, or None when the source carries none (a theta dir, an .irpa, a checkpoint without
-    tokenizer.json, a GGUF without tokenizer metadata)."""
+def source_tokenizer(source: str) -> Tokenizer | None:
+    """The tokenizer a model source carries, or None when it carries none: bytes for a preset,
+    a checkpoint directory's ``tokenizer.json`` (with its checkpoint's settings), a GGUF's
+    ``tokenizer.ggml.*`` metadata (``UnsupportedTokenizer`` for a kind not built here). Theta
+    directories, ``.irpa`` files and checkpoints without ``tokenizer.json`` carry none."""
     from ..models.llama.presets import PRESETS
 
     if source in PRESETS:
-        tok: Tokenizer = ByteTokenizer()
+        return ByteTokenizer()
+    path = Path(source)
+    if path.is_dir() and (path / TOKENIZER_FILE).is_file():
+        return HFTokenizer.from_checkpoint(path)
+    if path.suffix == ".gguf" and _gguf_has_tokenizer(path):
+        return tokenizer_from_gguf(path)
+    return None
+
+
+def export_tokenizer(source: str, directory: Path, *, vocab_size: int, progress=lambda msg: None) -> dict | None:
+    """Write the tokenizer of an export ``source`` (:func:`source_tokenizer`) into
+    ``directory`` and return its manifest entry, or None when the source carries none or one
+    this package cannot build (the model still exports; `run --tokens` takes ids)."""
+    from ._gguf import UnsupportedTokenizer
+
+    try:
+        tok = source_tokenizer(source)
+    except UnsupportedTokenizer as e:
+        progress(f"no tokenizer copied: {e}")
+        return None
+    if tok is None:
+        progress(f"{source} carries no tokenizer; the artifact will take token ids only")
+        return None
+    if isinstance(tok, ByteTokenizer):
         entry: dict = {"kind": "bytes"}
     else:
-        path = Path(source)
-        if path.is_dir() and (path / TOKENIZER_FILE).is_file():
-            tok = HFTokenizer.from_checkpoint(path)
-            (directory / TOKENIZER_FILE).write_bytes((path / TOKENIZER_FILE).read_bytes())
-        elif path.suffix == ".gguf" and _gguf_has_tokenizer(path):
-            from ._gguf import UnsupportedTokenizer
-
-            try:
-                tok = tokenizer_from_gguf(path)
-            except UnsupportedTokenizer as e:  # the model still exports; `run --tokens` takes ids
-                progress(f"no tokenizer copied: {e}")
-                return None
+        checkpoint = Path(source) / TOKENIZER_FILE
+        if checkpoint.is_file():  # a checkpoint's own file, byte for byte
+            (directory / TOKENIZER_FILE).write_bytes(checkpoint.read_bytes())
+        else:  # built from GGUF metadata
             tok.tokenizer.save(str(directory / TOKENIZER_FILE))
-        else:
-            progress(f"{source} carries no tokenizer; the artifact will take token ids only")
-            return None
         entry = {
             "kind": "hf",
             "file": TOKENIZER_FILE,
