@@ -13,7 +13,7 @@ import torch
 
 from sharktank.cli import main
 from sharktank.evaluate import PerplexityError, perplexity
-from tiny import SENTENCES, reference, write_checkpoint_tokenizer
+from tiny import SENTENCES, reference, write_tiny_checkpoint
 
 WINDOW = 32
 TEXT = " ".join(SENTENCES * 3)  # ~330 tokens of the tiny BPE: 10 chunks of 32
@@ -50,14 +50,7 @@ def test_uniform_logits_give_the_vocabulary_size_and_each_chunk_starts_with_bos(
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = tmp_path_factory.mktemp("hf") / "ckpt"
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(d)
-    write_checkpoint_tokenizer(d)
+    d = write_tiny_checkpoint(tmp_path_factory.mktemp("hf") / "ckpt", layers=2, heads=4, kv_heads=2)
     (d.parent / "text.txt").write_text(TEXT)
     return d
 

@@ -13,7 +13,7 @@ import pytest
 from sharktank.cli import main
 from sharktank.text import HFTokenizer, TokenizerError, load_tokenizer
 from sharktank.text.tokenizer import export_tokenizer
-from tiny import CHAT_TEMPLATE, SENTENCES, reference, write_checkpoint_tokenizer, write_gguf_stub, write_gguf_tokenizer
+from tiny import CHAT_TEMPLATE, SENTENCES, reference, write_gguf_stub, write_gguf_tokenizer, write_tiny_checkpoint
 
 
 def sharktank(capsys, *args, check=True):
@@ -69,16 +69,7 @@ def test_prompt_and_tokens_exclude_each_other(capsys):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    d = tmp_path_factory.mktemp("hf") / "ckpt"
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(d)
-    write_checkpoint_tokenizer(d)
-    return d
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("hf") / "ckpt", layers=1, heads=2, kv_heads=1)
 
 
 def test_hf_export_copies_the_tokenizer_and_refuses_a_changed_one(checkpoint, tmp_path, capsys):

@@ -61,6 +61,20 @@ def write_checkpoint_tokenizer(directory: Path) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def write_tiny_checkpoint(directory: Path, *, layers: int, heads: int, kv_heads: int) -> Path:
+    """A random-weight transformers Llama (vocab 400, hidden 32, seeded) saved in ``directory``
+    with the tiny tokenizer, as a Hugging Face checkpoint is laid out."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, max_position_embeddings=64, bos_token_id=0, eos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    write_checkpoint_tokenizer(directory)
+    return directory
+
+
 def write_gguf_tokenizer(path: Path, *, add_bos: bool = True) -> None:
     """A GGUF holding only the tiny tokenizer's metadata, as llama.cpp's converter writes it."""
     from gguf import GGUFWriter
