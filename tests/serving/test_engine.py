@@ -179,7 +179,7 @@ def test_prefill_row_tp2_pp2(tmp_path):
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
     # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3.
     assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3}
-    assert [a.name for a in manifest.function("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
+    assert [a.name for a in manifest.find("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
     assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")
     first, second = torch.tensor([[9, 8, 7, 6, 5]]), torch.tensor([[1, 2, 3]])
