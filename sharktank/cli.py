@@ -13,10 +13,12 @@ from pathlib import Path
 
 from . import __version__
 
-_RECIPE_KEYS = {"model", "tp", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
-_DEFAULTS = {"tp": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+_RECIPE_KEYS = {"model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
+_DEFAULTS = {"tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
 
 
+# serve: the environment variable --api-key defaults to.
+API_KEY_ENV = "SHARKTANK_API_KEY"
 # serve: seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
 SHUTDOWN_GRACE_S = 5
 
@@ -83,9 +85,10 @@ def cmd_export(args) -> int:
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if s["dtype"] is not None and s["dtype"] not in dtypes:
         raise CliError(f"--dtype must be one of {sorted(dtypes)}, found {s['dtype']!r}")
-    _say(args, f"loading {s['model']} (tp={s['tp']}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
+    ep = f", ep={s['ep']}" if int(s["ep"]) > 1 else ""
+    _say(args, f"loading {s['model']} (tp={s['tp']}{ep}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
     model = load_model(
-        s["model"], tp=int(s["tp"]), pp=s["pp"] and int(s["pp"]), placement=s["placement"],
+        s["model"], tp=int(s["tp"]), ep=int(s["ep"]), pp=s["pp"] and int(s["pp"]), placement=s["placement"],
         dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]), deferred=True,
     )
     _say(args, model.plan.describe())
@@ -159,7 +162,7 @@ def _eager_model(manifest):
     plan = ParallelPlan.from_dict(manifest.parallel)
     from .models.llama.config import LlamaConfig
 
-    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, plan)
+    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, plan, experts=manifest.experts or "ffn")
 
 
 def _seconds_since_process_start(at: float) -> float | None:
@@ -435,12 +438,17 @@ def cmd_inspect(args) -> int:
         "compile": m.compile,
         "versions": m.versions,
         "tokenizer": m.tokenizer,
+        "experts": m.experts,
     }
     if args.json:
         print(json.dumps(info))
         return 0
     print(f"{info['model']} ({info['dtype']}), {info['device_count']} devices")
     print(draw_text(p, per_device))
+    c = m.config
+    if c.get("num_experts"):
+        split = "whole experts per device over each tensor-parallel group" if m.experts == "experts" else "each expert split as the dense FFN"
+        print(f"experts: {c['num_experts']} per block, {c['num_experts_per_tok']} per token; {split}")
     print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
     tok = info["tokenizer"]
     print("tokenizer:", "none (token ids only)" if tok is None else tok["kind"] + (f" {tok['file']}, EOS ids {tok['eos_token_ids']}" if tok["kind"] == "hf" else ""))
@@ -567,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", help=f"what to export: {SOURCES_HELP}")
     e.add_argument("--recipe", help="a TOML recipe (e.g. exports/toy-llama-tp2-pp2.toml); flags override its keys")
     e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
+    e.add_argument("--ep", type=int, help="a mixture of experts: 1 (default; each expert split tp-way as the dense FFN) or the "
+                   "tp size (expert parallelism: whole experts per device over each tensor-parallel group; the expert count must divide by it)")
     e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
     e.add_argument("--hosts", type=int, help="split the pipeline stages over this many hosts (must divide pp): one program per host in "
         "DIR/host_N/, run with torchrun (default: one program, or the hosts the placement names, which --hosts must then match)")

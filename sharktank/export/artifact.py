@@ -219,7 +219,8 @@ def write_program(
     manifest = {
         "format": ARTIFACT_FORMAT,
         "version": VERSION,
-        "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."), "quantized": quantized},
+        "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."), "quantized": quantized,
+                  **({"experts": model.experts} if model.config.num_experts else {})},
         "parallel": plan.to_dict(),
         "device_count": plan.device_count,
         "functions": specs,

@@ -209,7 +209,8 @@ def export_hosts(
         manifest = {
             "format": HOSTS_FORMAT,
             "version": 1,
-            "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+            "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."),
+                      **({"experts": model.experts} if model.config.num_experts else {})},
             "parallel": plan.to_dict(),
             "hosts": entries,
             "boundary": {"hidden_size": model.config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."), "batch_sizes": list(batch_sizes)},

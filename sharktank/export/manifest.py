@@ -235,6 +235,12 @@ class Manifest:
         return self.config["vocab_size"]
 
     @property
+    def experts(self) -> str | None:
+        """How a mixture of experts is split over each tensor-parallel group: ``"ffn"`` (each
+        expert as the dense FFN) or ``"experts"`` (expert parallelism); None for a dense model."""
+        return self.data["model"].get("experts")
+
+    @property
     def parallel(self) -> dict:
         return self.data["parallel"]
 
