@@ -506,6 +506,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def cmd_serve(args) -> int:
+    import os
     import threading
 
     distributed = args.distributed or _multi_host(args.dir)
@@ -530,9 +531,12 @@ def cmd_serve(args) -> int:
     if args.max_queue < 0:
         raise CliError(f"--max-queue must be >= 0, found {args.max_queue}")
     name = args.model_name or Path(args.dir).resolve().name
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise CliError(f"--api-key (or {API_KEY_ENV}) must not be empty")
     held: dict = {}
-    app = create_app(None, None, name, load=_serve_loader(args, distributed, held))
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    app = create_app(None, None, name, load=_serve_loader(args, distributed, held), api_key=api_key)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"sharktank serve: warning: listening on {args.host}: the API has no authentication; anyone who can reach this port can use it", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -647,8 +651,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve a compiled directory over an OpenAI-compatible HTTP API",
         description="Load DIR and serve /v1/completions, /v1/chat/completions (when the tokenizer has a chat template), "
         "/v1/models and /health (503 while loading, then 200). Requests are batched by the engine: up to --max-batch "
-        "generate together, up to --max-queue more wait, and any beyond get 429. The API has no authentication: it "
-        "listens on 127.0.0.1 unless --host says otherwise.",
+        "generate together, up to --max-queue more wait, and any beyond get 429. GET /metrics answers Prometheus text. "
+        "Without --api-key the API has no authentication; it listens on 127.0.0.1 unless --host says otherwise.",
     )
     v.add_argument("dir", help="a compiled export directory with a tokenizer (from `sharktank export`)")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
@@ -656,6 +660,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-batch", dest="max_batch", type=int, help="requests generating at once: one of the exported batch sizes (default the largest)")
     v.add_argument("--max-queue", dest="max_queue", type=int, default=64, help="requests waiting for a free batch row before new ones get 429 (default 64)")
     v.add_argument("--model-name", dest="model_name", help="the model id clients send and /v1/models lists (default DIR's name)")
+    v.add_argument("--api-key", dest="api_key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on every /v1 route (401 otherwise); default: the "
+        f"{API_KEY_ENV} environment variable (safer: a command line is visible to other users). /health and /metrics stay open "
+        "(they carry no prompts or outputs, only status, counts and latencies): keep /metrics off untrusted networks if that matters")
     v.add_argument(
         "--driver", choices=[d for t in TARGETS.values() for d in t.drivers],
         help="IREE runtime driver (default: the one compiled for; CPU: local-task or local-sync)",

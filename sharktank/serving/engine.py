@@ -1,29 +1,24 @@
 """Continuous batching over a compiled model: requests join and leave a fixed batch of cache
 rows between decode steps.
 
-One background thread owns the model and its batch-``B`` KV cache. Between steps it admits
-waiting requests into free rows, then runs one ``decode_bs{B}`` step for every row, each at
-its own position, samples each busy row's next token with the request's own
-:class:`~sharktank.text.sampling.Sampler`, delivers the events and frees the rows of
-finished or cancelled requests.
+One background thread owns the model and its batch-``B`` KV cache and loops: *decide* (the
+:class:`~sharktank.serving.scheduler.Scheduler` plans the step: cancellations, admissions,
+prefill calls, one decode step), *execute* (the plan's calls on the model; each request's
+next token sampled with its own :class:`~sharktank.text.sampling.Sampler`), *update* (the
+scheduler applies the tokens and errors and says which events to deliver). The prefill calls'
+results are applied and delivered before the decode step runs, so a request's first token
+waits for its own prefill only. Every policy (who
+is admitted, batched or one-row prefill, when a request ends) is the scheduler's, in plain
+state transitions; this module only runs plans and delivers events.
 
-Admission policy: between two decode steps, every waiting request that has a free row
-(first come, first served) is prefilled together (``CompiledModel.prefill_rows``: each
-prompt's keys and values go into its own row only, the rows already generating keep their
-caches): one batch-``B`` call when they fill more than half the rows, else one one-row
-``prefill_row`` call each. So a row already decoding waits at most a batch-``B`` prefill's
-work per token, and requests that arrive together wait for that, not for each other's
-decoding. Requests that find no free row wait in the queue, in order, for the next step
-that frees one.
-
-Free rows decode a dummy token at position 0. That write can never reach a later occupant
-of the row, because of the causal mask (``layers.attention.causal_mask``): a query at
-position ``p`` attends only to cache entries ``0..p``, and each call writes its own entries
-before it attends (``attention`` does the ``index_put`` first). A new occupant's prefill
-overwrites entries ``0..S-1``, and each later step writes entry ``p`` before reading up to
-``p``, so every entry it can see is its own; what a previous or dummy occupant left at
-``p' > p`` is masked out, and every row's computation (norms, products, attention) stays
-within the row.
+Free rows decode a dummy token at position 0, and a row prefilled in the step it joined at its
+prompt's length. Such a write can never reach a later read of the row, because of the causal
+mask (``layers.attention.causal_mask``): a query at position ``p`` attends only to cache
+entries ``0..p``, and each call writes its own entries before it attends (``attention`` does
+the ``index_put`` first). A new occupant's prefill overwrites entries ``0..S-1``, and each later
+step writes entry ``p`` before reading up to ``p``, so every entry it can see is its own; what a
+previous or dummy occupant left at ``p' > p`` is masked out, and every row's computation (norms,
+products, attention) stays within the row.
 
 The model is anything with :class:`~sharktank.runtime.compiled.PrefillDecode`'s interface:
 a :class:`CompiledModel`, or rank 0's ``DistributedModel`` of a multi-host artifact, which
@@ -35,7 +30,6 @@ and :attr:`Engine.failure` says why (the server then stops).
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 from dataclasses import dataclass
@@ -45,64 +39,27 @@ import torch
 
 from ..runtime.compiled import InputError, ModelLost, PrefillDecode
 from ..text.sampling import Sampler, SamplingParams
+from .events import EngineError, ErrorKind, Event, FinishReason, QueueFull
+from .plan import DecodeBatch, PrefillCall, StepPlan, StepResults
+from .request import Request
+from .scheduler import Scheduler
 
-__all__ = ["QueueFull", "Event", "Request", "Engine"]
+__all__ = ["QueueFull", "Event", "FinishReason", "EngineError", "ErrorKind", "Request", "EngineStats", "Engine"]
 
 # How long the idle loop sleeps between looks at the queue and the stop flag (a submit or a
 # cancel wakes it at once); stop() waits at most STOP_TIMEOUT_S for the thread.
 IDLE_WAIT_S = 0.05
 STOP_TIMEOUT_S = 1.0
-
-
-class QueueFull(Exception):
-    """``max_queue`` requests are already waiting for a row."""
+_STOPPED = "the engine stopped before this request finished"
 
 
 @dataclass(frozen=True)
-class Event:
-    """One generated token (``finish_reason`` None while generating), or the end of a request:
-    ``"stop"`` (a stop token, the event's token), ``"length"`` (``max_tokens`` reached),
-    ``"cancelled"`` or ``"error"`` (then ``token`` is None and ``error`` says why)."""
+class EngineStats:
+    """A snapshot of the engine's load: requests waiting for a row, rows in use, rows in all."""
 
-    token: int | None
-    finish_reason: str | None
-    error: str | None = None
-
-
-class Request:
-    """A submitted request; :meth:`cancel` ends it (thread-safe)."""
-
-    def __init__(self, id: int, prompt: list[int], params: SamplingParams, on_event: Callable[[Event], None], wake: threading.Event):
-        self.id = id
-        self.prompt = prompt
-        self.prompt_tokens = len(prompt)
-        self.params = params
-        self.on_event = on_event
-        self._wake = wake
-        self._cancelled = threading.Event()
-        self.done = False  # set on the engine thread when the last event was delivered
-
-    def cancel(self) -> None:
-        """End the request: its row is freed before the next step, and its last event has
-        finish reason ``"cancelled"`` (nothing happens once it has finished)."""
-        self._cancelled.set()
-        self._wake.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def __repr__(self) -> str:
-        return f"Request(id={self.id}, prompt_tokens={self.prompt_tokens})"
-
-
-@dataclass
-class _Row:
-    request: Request
-    sampler: Sampler
-    position: int  # where the next decode step writes (the last token's position)
-    last: int  # the last token generated, the next step's input
-    generated: int = 1
+    waiting: int
+    running: int
+    batch_size: int
 
 
 class Engine:
@@ -124,9 +81,9 @@ class Engine:
         self.max_seq_len = model.find("decode", batch_size).max_seq_len
         self.vocab_size = model.vocab_size
         self._cache = model.new_cache(batch_size)
-        self._rows: list[_Row | None] = [None] * batch_size
-        self._queue: collections.deque[Request] = collections.deque()
-        self._lock = threading.Lock()  # guards _queue and _stopped
+        self._scheduler = Scheduler(batch_size, max_queue=max_queue, batched_prefill=model.find("prefill_rows", batch_size) is not None)
+        self._samplers: dict[int, Sampler] = {}  # request id -> its sampler, from its prefill to its last event
+        self._lock = threading.Lock()  # guards _scheduler and _stopped
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._stopped = False
@@ -144,19 +101,25 @@ class Engine:
 
     def stop(self) -> None:
         """End the step loop (within about a second unless a model call takes longer); requests
-        not finished get a last event with finish reason ``"error"``."""
+        not finished get a last event with finish reason ``ERROR`` (kind ``STOPPED``)."""
         with self._lock:
             self._stopped = True
         self._stopping.set()
         self._wake.set()
         if self._thread is None:
-            self._fail_all("the engine stopped before this request finished")  # never started: no thread to do it
+            self._fail_all(EngineError(ErrorKind.STOPPED, _STOPPED))  # never started: no thread to do it
         elif self._thread is not threading.current_thread():
             self._thread.join(STOP_TIMEOUT_S)
 
     @property
     def running(self) -> bool:
+        """Whether the step loop is running."""
         return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> EngineStats:
+        """How many requests wait and how many rows are in use, now (thread-safe)."""
+        with self._lock:
+            return EngineStats(self._scheduler.waiting, self._scheduler.running, self.batch_size)
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Request:
         """Queue a request; ``on_event`` is called on the engine thread with one :class:`Event`
@@ -179,120 +142,100 @@ class Engine:
         with self._lock:
             if self._stopped:
                 raise RuntimeError(f"the engine stopped: {self.failure}" if self.failure else "the engine is stopped")
-            if len(self._queue) >= self.max_queue:
-                raise QueueFull(f"{len(self._queue)} requests are waiting (max_queue {self.max_queue})")
             request = Request(next(self._ids), list(prompt), params, on_event, self._wake)
-            self._queue.append(request)
+            self._scheduler.add(request)
         self._wake.set()
         return request
 
-    # --- the loop ----------------------------------------------------------------------------
+    # --- the loop: decide, execute, update ------------------------------------------------------
     def _loop(self) -> None:
-        why = "the engine stopped before this request finished"
+        why = EngineError(ErrorKind.STOPPED, _STOPPED)
         try:
             while not self._stopping.is_set():
-                self._retire_cancelled()
-                self._admit()
-                self._retire_cancelled()  # a cancel during admission frees its row before the step
-                if any(self._rows):
-                    self._step()
-                else:
+                with self._lock:
+                    plan = self._scheduler.schedule()
+                self._deliver_all(plan.finished)
+                if not plan.runs_model:
                     self.model.idle()
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
+                    continue
+                # Prefill results are applied and delivered before the decode step runs, so a new
+                # request's first token does not wait for the other rows' step.
+                for results in (self._execute_prefills(plan), self._execute_decode(plan)):
+                    if results.tokens or results.errors:
+                        with self._lock:
+                            events = self._scheduler.update(results)
+                        self._deliver_all(events)
         except ModelLost as e:  # the model takes no more calls: every request ends with why
-            why = self.failure = f"the model was lost: {e}"
+            self.failure = f"the model was lost: {e}"
+            why = EngineError(ErrorKind.MODEL_LOST, self.failure)
         finally:  # stopped, or a bug ended the loop: no request may wait for it
             with self._lock:
                 self._stopped = True
             self._fail_all(why)
 
-    def _retire_cancelled(self) -> None:
-        for r, row in enumerate(self._rows):
-            if row is not None and row.request.cancelled:
-                self._finish(r, Event(None, "cancelled"))
-        with self._lock:
-            cancelled = [q for q in self._queue if q.cancelled]
-            for q in cancelled:
-                self._queue.remove(q)
-        for q in cancelled:
-            self._deliver(q, Event(None, "cancelled"))
+    def _execute_prefills(self, plan: StepPlan) -> StepResults:
+        """Run the plan's prefill calls; ModelLost propagates, any other failure fails the
+        requests of the call that raised."""
+        tokens: dict[int, int] = {}
+        errors: dict[int, EngineError] = {}
+        for call in plan.prefills:
+            self._prefill(call, tokens, errors)
+        return StepResults(tokens, errors)
 
-    def _admit(self) -> None:
-        """Prefill the waiting requests that have free rows, first come first served (prefill_rows)."""
-        free = [r for r, row in enumerate(self._rows) if row is None]
-        taken: list[Request] = []
-        with self._lock:
-            while self._queue and len(taken) < len(free):
-                taken.append(self._queue.popleft())
-        admitted = []
-        for request in taken:
-            if request.cancelled:
-                self._deliver(request, Event(None, "cancelled"))
-            else:
-                admitted.append(request)
-        if not admitted:
-            return
-        rows = free[: len(admitted)]
-        try:
-            logits, self._cache = self.model.prefill_rows([q.prompt for q in admitted], rows, self._cache)
-        except ModelLost:
-            with self._lock:
-                self._queue.extendleft(reversed(admitted))  # failed with the others by the loop
-            raise
-        except Exception as e:  # these requests fail; the rows they were given stay free
-            for request in admitted:
-                self._deliver(request, Event(None, "error", f"prefill failed: {type(e).__name__}: {e}"))
-            return
-        for request, r, out in zip(admitted, rows, logits):
-            try:
-                sampler = Sampler(request.params)
-                token = sampler.next_token(out[-1])
-            except Exception as e:  # this request fails; its row stays free
-                self._deliver(request, Event(None, "error", f"prefill failed: {type(e).__name__}: {e}"))
-                continue
-            self._rows[r] = _Row(request, sampler, position=request.prompt_tokens, last=token)
-            self._emit(r, token)
+    def _execute_decode(self, plan: StepPlan) -> StepResults:
+        """Run the plan's decode step (rows admitted this step are not in it)."""
+        tokens: dict[int, int] = {}
+        errors: dict[int, EngineError] = {}
+        if plan.decode is not None:
+            self._decode(plan.decode, tokens, errors)
+        return StepResults(tokens, errors)
 
-    def _step(self) -> None:
-        """One decode step for every row (free rows: a dummy token at position 0)."""
-        busy = [r for r, row in enumerate(self._rows) if row is not None]
-        tokens = torch.tensor([row.last if row else 0 for row in self._rows], dtype=torch.int64)
-        positions = torch.tensor([row.position if row else 0 for row in self._rows], dtype=torch.int64)
+    def _prefill(self, call: PrefillCall, tokens: dict[int, int], errors: dict[int, EngineError]) -> None:
+        if any(p.start != 0 or not p.last for p in call.rows):
+            raise NotImplementedError("a prefill chunk (start > 0 or short of the prompt's end) needs a paged cache")
         try:
-            logits, self._cache = self.model.decode(tokens, self._cache, positions)
+            logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache)
         except ModelLost:
             raise
-        except Exception as e:  # every busy row took part: they all fail
-            for r in busy:
-                self._finish(r, Event(None, "error", f"decode failed: {type(e).__name__}: {e}"))
+        except Exception as e:  # these requests fail; the scheduler frees their rows
+            for p in call.rows:
+                errors[p.request.id] = EngineError.of(ErrorKind.PREFILL, "prefill", e)
             return
-        for r in busy:
-            row = self._rows[r]
+        for p, out in zip(call.rows, logits):
             try:
-                token = row.sampler.next_token(logits[r, -1])
+                sampler = Sampler(p.request.params)
+                tokens[p.request.id] = sampler.next_token(out[-1])
+                self._samplers[p.request.id] = sampler
             except Exception as e:
-                self._finish(r, Event(None, "error", f"sampling failed: {type(e).__name__}: {e}"))
-                continue
-            row.position += 1
-            row.last = token
-            row.generated += 1
-            self._emit(r, token)
+                errors[p.request.id] = EngineError.of(ErrorKind.PREFILL, "prefill", e)
 
-    def _emit(self, r: int, token: int) -> None:
-        """Deliver row ``r``'s new token, ending the request on a stop token or at max_tokens."""
-        row = self._rows[r]
-        params = row.request.params
-        reason = "stop" if token in params.stop_token_ids else "length" if row.generated >= params.max_tokens else None
-        if reason is not None:
-            self._finish(r, Event(token, reason))
-        elif not self._deliver(row.request, Event(token, None)):
-            self._rows[r] = None
+    def _decode(self, batch: DecodeBatch, tokens: dict[int, int], errors: dict[int, EngineError]) -> None:
+        try:
+            logits, self._cache = self.model.decode(
+                torch.tensor(batch.tokens, dtype=torch.int64), self._cache, torch.tensor(batch.positions, dtype=torch.int64)
+            )
+        except ModelLost:
+            raise
+        except Exception as e:  # every row took part: they all fail
+            for request, _ in batch.requests:
+                errors[request.id] = EngineError.of(ErrorKind.DECODE, "decode", e)
+            return
+        for request, r in batch.requests:
+            try:
+                tokens[request.id] = self._samplers[request.id].next_token(logits[r, -1])
+            except Exception as e:
+                errors[request.id] = EngineError.of(ErrorKind.SAMPLING, "sampling", e)
 
-    def _finish(self, r: int, event: Event) -> None:
-        request = self._rows[r].request
-        self._rows[r] = None
-        self._deliver(request, event)
+    # --- delivery ------------------------------------------------------------------------------
+    def _deliver_all(self, events) -> None:
+        """Deliver ``(request, event)`` pairs; a request whose callback failed leaves the scheduler."""
+        failed = [request for request, event in events if not self._deliver(request, event) and event.finish_reason is None]
+        if failed:
+            with self._lock:
+                for request in failed:
+                    self._scheduler.drop(request)
 
     def _deliver(self, request: Request, event: Event) -> bool:
         """Call the request's ``on_event``; False (and the request ended) if the request is
@@ -307,17 +250,15 @@ class Engine:
             if not request.done:
                 request.done = True
                 try:
-                    request.on_event(Event(None, "error", f"on_event raised {type(e).__name__}: {e}"))
+                    request.on_event(Event(None, FinishReason.ERROR, EngineError(ErrorKind.CALLBACK, f"on_event raised {type(e).__name__}: {e}")))
                 except Exception:
                     pass
             return False
+        finally:
+            if request.done:
+                self._samplers.pop(request.id, None)
 
-    def _fail_all(self, why: str) -> None:
-        for r, row in enumerate(self._rows):
-            if row is not None:
-                self._finish(r, Event(None, "error", why))
+    def _fail_all(self, why: EngineError) -> None:
         with self._lock:
-            waiting = list(self._queue)
-            self._queue.clear()
-        for q in waiting:
-            self._deliver(q, Event(None, "error", why))
+            ended = self._scheduler.drain(why)
+        self._deliver_all(ended)

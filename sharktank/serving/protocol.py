@@ -31,7 +31,7 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
         return JSONResponse(body, status_code=self.status, headers=headers)
 
 

@@ -13,6 +13,10 @@ validation errors included), 404 for an unknown model, 429 when the engine's que
 for good (its model was lost: a host of a multi-host artifact failed), the requests it held
 get 500 with that error, new ones and ``/health`` 503 with it (:attr:`ServerState.failure`:
 ``sharktank serve`` then stops the server).
+
+``GET /metrics`` answers Prometheus text (:mod:`~sharktank.serving.metrics`, a registry per
+app). With ``api_key``, every ``/v1`` route wants ``Authorization: Bearer KEY`` (401
+otherwise, :mod:`~sharktank.serving.auth`); ``/health`` and ``/metrics`` stay open.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..runtime.compiled import InputError
 from ..text.sampling import SamplingParams
 from ..text.stream import DetokenizeStream
-from .engine import QueueFull
+from .auth import BearerAuth
+from .events import FinishReason, QueueFull
+from .metrics import CONTENT_TYPE, ServingMetrics
 from .protocol import ApiError, ChatBody, CompletionBody, chunk_object, completion_object, new_id, usage
 
 __all__ = ["create_app", "ServerState"]
@@ -58,6 +64,10 @@ class ServerState:
         self._lock = threading.Lock()
         self._closing = False
         self.running = 0  # requests between submit and their last event (read by /health)
+        self.metrics = ServingMetrics(self._engine_stats)
+
+    def _engine_stats(self):
+        return self.engine.stats() if self.ready.is_set() else None
 
     def start(self) -> None:
         if self._load is None:
@@ -127,10 +137,14 @@ class _Generation:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._done = False
+        self.finish_reason: FinishReason | None = None  # as the client sees it, once known
+        self._timer = state.metrics.timer(len(prompt))
         self.request = _submit(state, prompt, params, self._on_event)
         state.running += 1
 
     def _on_event(self, event) -> None:  # on the engine's thread
+        if event.token is not None:
+            self._timer.token()
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the loop is closed: the server is gone
@@ -150,10 +164,11 @@ class _Generation:
                 if first is None:
                     return
                 for event in self._with_queued(first):
-                    if event.finish_reason in ("cancelled", "error"):
-                        self._finished()
-                        why = event.error or ("the request was cancelled (the server is stopping)" if event.finish_reason == "cancelled" else "engine error")
-                        raise ApiError(500, why, type="server_error", code=event.finish_reason)
+                    if event.finish_reason in (FinishReason.CANCELLED, FinishReason.ERROR):
+                        reason = FinishReason(event.finish_reason)
+                        self._finished(reason)
+                        why = str(event.error or ("the request was cancelled (the server is stopping)" if reason is FinishReason.CANCELLED else "engine error"))
+                        raise ApiError(500, why, type="server_error", code=reason.value)
                     stopped = False
                     if event.token is not None:
                         self.completion_tokens += 1
@@ -162,11 +177,12 @@ class _Generation:
                             piece, stopped = self.detok.push(event.token)
                             text += piece
                     if stopped:
-                        yield text, ids, "stop"
+                        self.finish_reason = FinishReason.STOP
+                        yield text, ids, FinishReason.STOP.value
                         return  # the finally cancels the engine request
                     if event.finish_reason is not None:
-                        self._finished()
-                        yield text + self.detok.finish(), ids, event.finish_reason
+                        self._finished(FinishReason(event.finish_reason))
+                        yield text + self.detok.finish(), ids, FinishReason(event.finish_reason).value
                         return
                 if text:
                     yield text, ids, None
@@ -194,12 +210,14 @@ class _Generation:
         """Cancel the engine request unless the engine has finished it (idempotent)."""
         if not self._done:
             self.request.cancel()
-            self._finished()
+            self._finished(self.finish_reason or FinishReason.CANCELLED)
 
-    def _finished(self) -> None:
+    def _finished(self, reason: FinishReason) -> None:
         if not self._done:
             self._done = True
             self.state.running -= 1
+            self.finish_reason = reason
+            self.state.metrics.finished(reason)
 
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, self.completion_tokens)
@@ -300,9 +318,10 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param=loc[0] if loc else None)
 
 
-def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[Any, Any]] | None = None) -> FastAPI:
+def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[Any, Any]] | None = None, api_key: str | None = None) -> FastAPI:
     """An OpenAI-compatible app over ``engine`` and ``tokenizer`` (both None with ``load``:
-    see :class:`ServerState`). The app starts the engine at startup and stops it at shutdown."""
+    see :class:`ServerState`). The app starts the engine at startup and stops it at shutdown.
+    ``api_key``: the bearer key every ``/v1`` route then requires (None: no authentication)."""
     state = ServerState(model_name, engine, tokenizer, load)
 
     @asynccontextmanager
@@ -315,6 +334,8 @@ def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[A
 
     app = FastAPI(title="sharktank", lifespan=lifespan)
     app.state.serving = state
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -328,6 +349,10 @@ def create_app(engine, tokenizer, model_name: str, *, load: Callable[[], tuple[A
     async def health():
         code, body = state.status()
         return JSONResponse(body, status_code=code)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models():
