@@ -57,3 +57,61 @@ def gguf_dequantized(theta: Theta) -> Theta:
         return torch.from_numpy(gguf.quants.dequantize(blocks, GGMLQuantizationType[t.layout.name]).astype(np.float32)).reshape(t.shape)
 
     return theta.map(lambda _, t: expand(t))
+
+
+# --- Files as llama.cpp writes them: a type per tensor --------------------------------------
+
+# Where the K-quants keep their float16 super-block scales, and a size for them that gives
+# weights of about 0.1 (random sub-block scales and quants).
+_K_SCALES = {"Q4_K": ((0, 2), 2e-4), "Q5_K": ((0, 2), 1e-4), "Q6_K": ((208,), 3e-5)}
+
+
+def k_blocks(name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Valid ``name`` blocks (Q4_K, Q5_K or Q6_K) of a ``[rows, cols]`` weight: random quants
+    and sub-block scales, float16 super-block scales of both signs (as real files have them)."""
+    layout = LAYOUTS[name]
+    offsets, scale = _K_SCALES[name]
+    rng = np.random.default_rng(seed)
+    n = rows * cols // layout.block_size
+    raw = rng.integers(0, 256, size=(n, layout.block_bytes), dtype=np.uint8)
+    for off in offsets:
+        d = (rng.uniform(0.5, 1.0, n) * rng.choice([-1.0, 1.0], n) * scale).astype(np.float16)
+        raw[:, off : off + 2] = np.frombuffer(d.tobytes(), np.uint8).reshape(n, 2)
+    return torch.from_numpy(raw)
+
+
+def stored_as(kind: str, t: torch.Tensor, seed: int):
+    """``t`` as a file stores it in ggml type ``kind``: F32/F16 as is, the legacy types by gguf's
+    quantizer, the K-quants as valid random blocks (gguf has no K-quant quantizer)."""
+    if kind in ("F32", "F16"):
+        return t.to({"F32": torch.float32, "F16": torch.float16}[kind])
+    if kind in _K_SCALES:
+        return QuantizedTensor(kind, t.shape, k_blocks(kind, *t.shape, seed=seed))
+    raw = gguf.quants.quantize(t.numpy(), GGMLQuantizationType[kind])
+    return QuantizedTensor(kind, t.shape, torch.from_numpy(raw.copy()))
+
+
+def typed_theta(config: LlamaConfig, type_of, seed: int = 5) -> Theta:
+    """A random model whose 2-D weights are stored as ``type_of(name, shape)`` says (a ggml type
+    name, see :func:`stored_as`); norms stay float32, as in llama.cpp's files."""
+    theta = dict(random_theta(config, seed=seed))
+    for i, (name, t) in enumerate(theta.items()):
+        if t.ndim == 2:
+            theta[name] = stored_as(type_of(name, tuple(t.shape)), t, seed=i)
+    return Theta(theta)
+
+
+def llama_cpp_type(name: str, shape, base: str = "Q4_K") -> str:
+    """The type llama.cpp's Q4_K_M quantizer gives a weight of ``shape`` (simplified): Q8_0
+    embedding, F16 output here (as ``--output-tensor-type f16`` writes it), Q6_K for v and
+    down in the first block (its ``use_more_bits`` layers), ``base`` elsewhere; a weight whose
+    rows are not whole 256-value blocks falls back to a legacy type as its quantizer does
+    (Q6_K -> Q8_0, Q4_K -> Q5_0, Q5_K -> Q5_1)."""
+    if name == "model.embed_tokens.weight":
+        return "Q8_0"
+    if name == "lm_head.weight":
+        return "F16"
+    kind = "Q6_K" if name.startswith("model.layers.0.") and any(k in name for k in ("v_proj", "down_proj")) else base
+    if shape[-1] % 256:
+        kind = {"Q6_K": "Q8_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1"}[kind]
+    return kind

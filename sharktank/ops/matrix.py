@@ -143,8 +143,11 @@ def matmul(lhs: Operand, rhs: Operand, *, transpose_rhs: bool = False) -> Operan
 
 def _dense(w, like: torch.Tensor) -> torch.Tensor:
     """A quantized weight dequantized to ``like``'s dtype (inside the product, when traced);
-    a plain tensor as it is."""
-    return w.dequantize(like.dtype) if isinstance(w, QuantizedTensor) else w
+    a plain float weight of another dtype converted to it (llama.cpp's files mix an F16
+    output with quantized weights run in float32); a plain tensor of ``like``'s dtype as it is."""
+    if isinstance(w, QuantizedTensor):
+        return w.dequantize(like.dtype)
+    return w.to(like.dtype) if w.dtype != like.dtype and w.is_floating_point() and like.is_floating_point() else w
 
 
 # Traced products with a quantized weight and at most this many rows (a decode step of the

@@ -39,6 +39,8 @@ from typing import Callable
 
 import torch
 
+from .placement import split_sizes
+
 __all__ = ["BlockLayout", "LAYOUTS", "QuantizedTensor", "QuantizationError", "stored"]
 
 
@@ -327,6 +329,23 @@ class QuantizedTensor:
                 f"along its last dim: blocks hold {bs} values each, and a cut must fall between blocks"
             )
         return self.with_blocks(self.blocks.narrow(dim, start // bs, length // bs), (*self.shape[:-1], length))
+
+    def split_sizes(self, dim: int, count: int, name: str | None = None) -> list[int]:
+        """Sizes of ``count`` consecutive pieces along ``dim``: ``torch.tensor_split`` sizes of
+        the rows along a leading dim; along the last dim, of the blocks (the first ``blocks %
+        count`` pieces one block larger), so every cut falls between blocks. Refused when a row
+        holds fewer blocks than pieces (``name`` names the tensor in the refusal)."""
+        dim = dim % self.ndim
+        if dim < self.ndim - 1:
+            return split_sizes(self.shape[dim], count)
+        bs, blocks = self.layout.block_size, self.shape[-1] // self.layout.block_size
+        if blocks < count:
+            raise QuantizationError(
+                f"{name or self.name or 'tensor'}: cannot split {self.layout.name} {list(self.shape)} into {count} shards "
+                f"along its last dim: its rows hold {blocks} blocks (blocks hold {bs} values each), "
+                f"fewer than the shards, and each shard takes whole blocks"
+            )
+        return [bs * n for n in split_sizes(blocks, count)]
 
     def split(self, sizes, dim: int) -> tuple["QuantizedTensor", ...]:
         """Consecutive pieces of ``sizes`` along ``dim`` (whole blocks along the last dim)."""

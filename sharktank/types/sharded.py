@@ -14,7 +14,7 @@ import torch
 from .placement import Partial, Placement, Replicate, ShardingSpec, Split, normalize_devices, split_sizes
 from .quantized import QuantizedTensor
 
-__all__ = ["ShardedTensor", "SplitPrimitiveTensor", "ReplicatedTensor", "UnreducedTensor"]
+__all__ = ["ShardedTensor", "SplitPrimitiveTensor", "ReplicatedTensor", "UnreducedTensor", "split_sizes_of"]
 
 _ops_module = None
 
@@ -44,6 +44,16 @@ def _as_shard_tuple(ts: Sequence[torch.Tensor], kind: str) -> tuple[torch.Tensor
     if quantized and any(s.layout != shards[0].layout for s in shards):
         raise ValueError(f"{kind} shards must share one quantization, found {[s.layout.name for s in shards]}")
     return shards
+
+
+def split_sizes_of(t: torch.Tensor | QuantizedTensor, dim: int, count: int, name: str | None = None) -> list[int]:
+    """Sizes of ``count`` consecutive pieces of ``t`` along ``dim``: ``torch.tensor_split``'s
+    (the first ``size % count`` one larger), counted in whole blocks along a quantized tensor's
+    last dim (:meth:`QuantizedTensor.split_sizes`: uneven where an even cut would fall inside a
+    block, refused with fewer blocks than pieces)."""
+    if isinstance(t, QuantizedTensor):
+        return t.split_sizes(dim, count, name)
+    return split_sizes(t.shape[dim], count)
 
 
 def _whole(ts) -> bool:
@@ -264,8 +274,9 @@ class SplitPrimitiveTensor(ShardedTensor):
     """Shards are consecutive pieces of the global tensor along ``shard_dim``.
 
     ``ts`` is a list of shards (they may differ in size along ``shard_dim``; all other
-    dims must agree), or one tensor split into ``shard_count`` pieces with
-    ``torch.tensor_split`` sizes (the first ``size % shard_count`` shards are one larger).
+    dims must agree), or one tensor split into ``shard_count`` pieces of
+    :func:`split_sizes_of` sizes (``torch.tensor_split``'s, in whole blocks along a quantized
+    tensor's last dim).
     """
 
     __slots__ = ("shard_dim", "_sizes")
@@ -286,9 +297,7 @@ class SplitPrimitiveTensor(ShardedTensor):
             if shard_count is None:
                 raise ValueError("SplitPrimitiveTensor from one tensor needs shard_count or devices")
             dim = _norm_dim(shard_dim, ts.ndim, "shard_dim")
-            sizes = split_sizes(ts.shape[dim], shard_count)
-            # A quantized tensor splits its last dim only between blocks (refused otherwise).
-            ts = ts.split(sizes, dim) if isinstance(ts, QuantizedTensor) else torch.split(ts, sizes, dim=dim)
+            ts = ts.split(split_sizes_of(ts, dim, shard_count, name), dim)
         shards = _as_shard_tuple(ts, "SplitPrimitiveTensor")
         if shard_count is not None and shard_count != len(shards):
             raise ValueError(f"shard_count={shard_count} but {len(shards)} shards were given")

@@ -11,6 +11,12 @@ Replicated: norms and the token embedding, and Qwen3's q/k norms (one
 The LM head is split on the vocabulary (column-parallel) and gathered at the end. KV heads
 are split across the tensor-parallel group, so ``tp`` must divide ``num_kv_heads``
 (replicating KV heads is not supported). Every weight is pinned to its device group; activations are not.
+
+Cut sizes are ``torch.tensor_split``'s, with one exception: the FFN's intermediate dim is cut
+where a quantized down weight's blocks allow (whole blocks per device, the first devices one
+block more where an even cut would fall inside a block, refused only with fewer blocks than
+devices), and gate and up take the same sizes. o's input is cut by heads; a quantized o whose
+per-device inputs are not whole blocks is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ...parallel import ParallelPlan, PlanError
-from ...types import ReplicatedTensor, SplitPrimitiveTensor
+from ...types import QuantizedTensor, ReplicatedTensor, SplitPrimitiveTensor, split_sizes
+from ...types.sharded import split_sizes_of
 from ...weights import Theta
 from .config import LlamaConfig
 
@@ -83,10 +90,43 @@ def check_experts(config: LlamaConfig, experts: str, tp: int) -> None:
         raise PlanError(f"ep={tp}: num_experts={config.num_experts} is not divisible by {tp} (whole experts per device)")
 
 
-def _place(t: torch.Tensor, split_dim: int | None, devices: tuple[int, ...], name: str):
+# The FFN's intermediate dim is cut once per block, where its row-parallel down weight can
+# be cut (whole blocks of a quantized down: uneven where an even cut falls inside a block),
+# and gate, up and their biases take the same sizes so that the shards line up.
+_FFN_CUTS = {
+    "mlp.down_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.bias"),
+    "mlp.experts.down_proj.weight": ("mlp.experts.gate_proj.weight", "mlp.experts.up_proj.weight"),
+}
+# o's input is the attention's output, split by heads as q's rows are: its cut is fixed.
+_HEAD_CUT = "self_attn.o_proj.weight"
+
+
+def _cut_sizes(sub: Theta, split_dim: dict[str, int], n: int, prefix: str) -> dict[str, list[int]]:
+    """Shard sizes of the weights of one block whose cut another weight decides: name -> sizes."""
+    sizes = {}
+    for down, members in _FFN_CUTS.items():
+        if down in sub and down in split_dim:
+            cut = split_sizes_of(sub[down], split_dim[down], n, f"{prefix}.{down}")
+            sizes.update({k: cut for k in (down, *members) if k in sub})
+    if _HEAD_CUT in sub:
+        o = sub[_HEAD_CUT]
+        cut = split_sizes(o.shape[1], n)
+        bs = o.layout.block_size if isinstance(o, QuantizedTensor) else 1
+        if any(z % bs for z in cut):
+            raise PlanError(
+                f"{prefix}.{_HEAD_CUT}: tp={n} splits its {o.shape[1]} inputs by heads into {cut}, which cuts "
+                f"{o.layout.name}'s blocks of {bs} values (a quantized o needs a multiple of {bs} inputs per device)"
+            )
+        sizes[_HEAD_CUT] = cut
+    return sizes
+
+
+def _place(t: torch.Tensor, split_dim: int | None, devices: tuple[int, ...], name: str, sizes: list[int] | None = None):
+    """``t`` replicated, or split on ``split_dim`` (into ``sizes``, default :func:`split_sizes_of`'s)."""
     if split_dim is None:
         return ReplicatedTensor(ts=t, devices=devices, pinned=True, name=name)
-    return SplitPrimitiveTensor(shard_dim=split_dim, ts=t, devices=devices, pinned=True, name=name)
+    ts = t if sizes is None else list(t.split(sizes, split_dim))
+    return SplitPrimitiveTensor(shard_dim=split_dim, ts=ts, devices=devices, pinned=True, name=name)
 
 
 _SHORT = {
@@ -129,8 +169,10 @@ def shard_weights(config: LlamaConfig, theta: Theta, plan: ParallelPlan, *, expe
             blocks = {}
             for b in plan.blocks_of(s):
                 sub = theta.subtree(f"model.layers.{b}")
+                sizes = _cut_sizes(sub, split_dim, len(group), f"model.layers.{b}")
                 blocks[b] = {
-                    _SHORT[k]: _place(v, split_dim.get(k), group, f"model.layers.{b}.{k}") for k, v in sub.items() if k in _SHORT
+                    _SHORT[k]: _place(v, split_dim.get(k), group, f"model.layers.{b}.{k}", sizes.get(k))
+                    for k, v in sub.items() if k in _SHORT
                 }
             last = s == plan.pp - 1
             reps.append(
