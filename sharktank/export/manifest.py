@@ -30,6 +30,7 @@ from ..weights._files import resolve_inside
 __all__ = [
     "ArtifactError", "ArgSpec", "FunctionSpec", "Manifest", "HostsManifest", "HostEntry", "KINDS",
     "ARTIFACT_FORMAT", "HOSTS_FORMAT", "function_name", "parse_function_name", "path_inside", "read_any",
+    "parameter_bytes_per_device",
 ]
 
 ARTIFACT_FORMAT = "sharktank.artifact"
@@ -355,3 +356,18 @@ def read_any(directory: str | Path) -> Manifest | HostsManifest:
     if isinstance(m, dict) and m.get("format") == HOSTS_FORMAT:
         return HostsManifest.from_dict(m, directory)
     return Manifest.from_dict(m, directory)
+
+
+def parameter_bytes_per_device(m: Manifest | HostsManifest) -> dict[int, int]:
+    """Parameter bytes each (global) device holds: from the archives a one-program manifest
+    names, or summed over every host's program of a multi-host one (its local devices mapped
+    back to global ones)."""
+    if isinstance(m, Manifest):
+        return {f["device"]: f["size"] for f in m.parameters["files"].values()}
+    sizes: dict[int, int] = {}
+    for h in m.hosts:
+        local = {loc: glob for glob, loc in h.data["devices"]}
+        for f in Manifest.read(m.host_dir(h.host)).parameters["files"].values():
+            sizes[local[f["device"]]] = sizes.get(local[f["device"]], 0) + f["size"]
+    return sizes
+

@@ -17,7 +17,7 @@ from .llama.layout import layout_problem
 from .llama.model import LlamaModel
 from .llama.presets import PRESET_DTYPES, PRESETS, random_theta
 
-__all__ = ["load_weights", "weight_source", "load_model", "save_model_irpa", "SOURCES_HELP"]
+__all__ = ["load_weights", "weight_source", "load_model", "model_from_manifest", "save_model_irpa", "SOURCES_HELP"]
 
 SOURCES_HELP = (
     f"a preset ({', '.join(sorted(PRESETS))}), a Hugging Face checkpoint directory (config.json + "
@@ -129,3 +129,14 @@ def load_model(
     else:
         plan = ParallelPlan.from_tp_pp(config.num_layers, tp, pp or 1)
     return LlamaModel(config, weights.theta, plan, source=weights, experts="experts" if ep > 1 else "ffn")
+
+
+def model_from_manifest(manifest) -> LlamaModel:
+    """The eager model an export artifact was made from (its source, dtype, plan and expert
+    split, as its :class:`~sharktank.export.manifest.Manifest` records them): what
+    ``run --compare-eager`` compares the compiled module with."""
+    _, theta = load_weights(manifest.source)
+    dtype = getattr(torch, manifest.dtype)
+    theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
+    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, ParallelPlan.from_dict(manifest.parallel), experts=manifest.experts or "ffn")
+

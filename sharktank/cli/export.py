@@ -1,0 +1,153 @@
+"""`sharktank export`: a model sharded and exported (and compiled) into an artifact directory."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from .common import CliError, ints, say
+
+__all__ = ["add_parser", "cmd_export"]
+
+_RECIPE_KEYS = {"model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
+_DEFAULTS = {"tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+
+
+def _load_recipe(path: str) -> dict:
+    p = Path(path)
+    try:
+        recipe = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise CliError(f"recipe {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"recipe {p} is not valid TOML: {e}") from None
+    unknown = set(recipe) - _RECIPE_KEYS
+    if unknown:
+        raise CliError(f"recipe {p}: unknown keys {sorted(unknown)}; known: {sorted(_RECIPE_KEYS)}")
+    if isinstance(recipe.get("placement"), str) and not Path(recipe["placement"]).is_absolute():
+        recipe["placement"] = str(p.parent / recipe["placement"])  # relative to the recipe file
+    if isinstance(recipe.get("batch_sizes"), list):
+        recipe["batch_sizes"] = ",".join(str(b) for b in recipe["batch_sizes"])
+    return recipe
+
+
+def _export_settings(args) -> dict:
+    settings = dict(_DEFAULTS)
+    if args.recipe:
+        settings.update(_load_recipe(args.recipe))
+    for key in _RECIPE_KEYS:
+        value = getattr(args, key, None)
+        if value is not None and value != []:
+            settings[key] = value
+    if not settings.get("model"):
+        raise CliError("give --model (or a --recipe that names one)")
+    return settings
+
+
+def cmd_export(args) -> int:
+    import torch
+
+    from ..export.artifact import export_artifact
+    from ..export.manifest import HostsManifest
+    from ..models import load_model
+
+    s = _export_settings(args)
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if s["dtype"] is not None and s["dtype"] not in dtypes:
+        raise CliError(f"--dtype must be one of {sorted(dtypes)}, found {s['dtype']!r}")
+    ep = f", ep={s['ep']}" if int(s["ep"]) > 1 else ""
+    say(args, f"loading {s['model']} (tp={s['tp']}{ep}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
+    model = load_model(
+        s["model"], tp=int(s["tp"]), ep=int(s["ep"]), pp=s["pp"] and int(s["pp"]), placement=s["placement"],
+        dtype=dtypes.get(s["dtype"]) if s["dtype"] else None, seed=int(s["seed"]), deferred=True,
+    )
+    say(args, model.plan.describe())
+    options = dict(
+        source=str(s["model"]),
+        batch_sizes=tuple(ints(s["batch_sizes"], "--batch-sizes")),
+        max_seq_len=s["max_seq_len"] and int(s["max_seq_len"]),
+        target=s["target"],
+        target_arch=s["target_arch"],
+        extra_flags=tuple(s["compile_flags"]),
+        compile=not args.no_compile,
+        progress=lambda m: say(args, m),
+    )
+    out = Path(args.output_dir)
+    manifest = export_artifact(model, out, hosts=s["hosts"] and int(s["hosts"]), **options)
+    if isinstance(manifest, HostsManifest):
+        return _hosts_summary(args, manifest, out)
+    summary = {
+        "output_dir": str(out),
+        "export_seconds": manifest.export_seconds,
+        "compile_seconds": manifest.compile["seconds"] if manifest.compile else None,
+        "module_bytes": manifest.module.get("vmfb_size"),
+        "parameter_bytes": sum(f["size"] for f in manifest.parameters["files"].values()),
+        "transfers": manifest.transfers,
+        "device_count": manifest.device_count,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {out}: {summary['device_count']} devices, transfers per function {summary['transfers']}")
+    return 0
+
+
+def _hosts_summary(args, manifest, out: Path) -> int:
+    summary = {
+        "output_dir": str(out),
+        "hosts": [{k: h.data[k] for k in ("host", "dir", "stages", "blocks", "devices", "device_count", "transfers")} for h in manifest.hosts],
+        "export_seconds": manifest.export_seconds,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for h in summary["hosts"]:
+            print(f"wrote {out / h['dir']}: host {h['host']}, stages {h['stages']}, {h['device_count']} devices, transfers per function {h['transfers']}")
+    return 0
+
+
+
+
+def add_parser(sub) -> None:
+    """Declare `sharktank export` on the subcommand set ``sub``."""
+    from ..export.cache_size import DEFAULT_MAX_SEQ_LEN
+    from ..export.compile import TARGETS
+    from ..models import SOURCES_HELP
+
+    e = sub.add_parser(
+        "export",
+        help="export (and compile) a sharded model to a directory",
+        description="Export a model sharded tp-way over pp pipeline stages (or as a placement file says) "
+        "to DIR: model.mlir, model.vmfb, one device_N.irpa of weight shards per device, manifest.json. "
+        "The previous DIR is kept intact if anything fails.",
+    )
+    e.add_argument("--model", help=f"what to export: {SOURCES_HELP}")
+    e.add_argument("--recipe", help="a TOML recipe (e.g. exports/toy-llama-tp2-pp2.toml); flags override its keys")
+    e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
+    e.add_argument("--ep", type=int, help="a mixture of experts: 1 (default; each expert split tp-way as the dense FFN) or the "
+                   "tp size (expert parallelism: whole experts per device over each tensor-parallel group; the expert count must divide by it)")
+    e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
+    e.add_argument("--hosts", type=int, help="split the pipeline stages over this many hosts (must divide pp): one program per host in "
+        "DIR/host_N/, run with torchrun (default: one program, or the hosts the placement names, which --hosts must then match)")
+    e.add_argument("--placement", help="placement directives (JSON: place/path directives); a \"host\" in every place directive "
+        "exports one program per host, each host holding consecutive stages (as many as it names, e.g. exports/placements/tp2-pp4-hosts-3-1.json)")
+    e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
+    e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
+        "weights would not fit in this host's memory for a CPU target)")
+    e.add_argument(
+        "--dtype",
+        help="convert the weights (and so the activations) to float32, float16 or bfloat16 (default: as stored; quantized "
+        "GGUF blocks stay blocks). On a CPU, float16 computes slowly (no float16 arithmetic: each product widens its "
+        "operands), so an F16 GGUF prefills faster exported with --dtype bfloat16 (the 1B shape: about 1.3-1.8 s against 4.1 s "
+        "for 128 tokens on 2 cores), at bfloat16's rounding: 8 mantissa bits to float16's 11, so its logits stray further "
+        "from float32's (tools/half_precision_table.py measures both)",
+    )
+    e.add_argument("--target", choices=list(TARGETS), help="compile target (default cpu)")
+    e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")
+    e.add_argument("--compile-flag", dest="compile_flags", action="append", default=[], help="extra iree-compile flag (repeatable)")
+    e.add_argument("--seed", type=int, help="seed for preset models' random weights (default 0)")
+    e.add_argument("--no-compile", action="store_true", help="stop after MLIR and parameters")
+    e.add_argument("--output-dir", required=True, help="output directory (created, or replaced if it is an earlier export)")
+    e.add_argument("--json", action="store_true", help="print one JSON object with timings, sizes and transfer counts")
+    e.set_defaults(func=cmd_export)

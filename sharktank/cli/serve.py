@@ -1,0 +1,130 @@
+"""`sharktank serve`: an OpenAI-compatible HTTP server over a compiled artifact."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .common import CliError, add_runtime_options, follow_rank0, multi_host, open_model, text_dir
+
+__all__ = ["add_parser", "cmd_serve", "API_KEY_ENV", "SHUTDOWN_GRACE_S"]
+
+# The environment variable --api-key defaults to.
+API_KEY_ENV = "SHARKTANK_API_KEY"
+# Seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
+SHUTDOWN_GRACE_S = 5
+
+
+def _serve_loader(args, distributed: bool, held: dict):
+    """Loads the artifact's model, engine and tokenizer (on the server's loading thread);
+    ``held`` gets the model (to close at the end) and, when another rank failed, ``rc`` 3."""
+
+    def load():
+        from ..runtime.distributed import DistributedError
+        from ..serving.engine import Engine
+        from ..text import load_tokenizer
+
+        tokenizer = load_tokenizer(text_dir(args.dir, distributed))
+        if tokenizer is None:
+            raise CliError(f"{args.dir}: the artifact has no tokenizer (its export source carried none); serve needs one to return text")
+        try:
+            held["model"], _ = open_model(args, distributed)
+        except DistributedError:
+            held["rc"] = 3
+            raise
+        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue)
+        return engine, tokenizer
+
+    return load
+
+
+def _watch(server, state, args, host: str, held: dict) -> None:
+    """Print the URL once the model is loaded and the socket bound; stop the server if loading
+    failed or, later, the engine lost its model (exit status 3: a host of the artifact failed)."""
+    announced = False
+    while not server.should_exit:
+        if state.error or state.failure:
+            print(f"sharktank serve: error: {state.error or state.failure}", file=sys.stderr, flush=True)
+            if state.failure:
+                held["rc"] = 3
+            server.should_exit = True
+            return
+        if not announced and state.ready.is_set() and server.started:
+            port = server.servers[0].sockets[0].getsockname()[1] if server.servers else args.port
+            print(f"serving {state.model_name} at http://{host}:{port}/v1 (health: http://{host}:{port}/health); Ctrl-C stops", flush=True)
+            announced = True
+        time.sleep(0.05)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def cmd_serve(args) -> int:
+    import os
+    import threading
+
+    distributed = args.distributed or multi_host(args.dir)
+    if distributed:
+        from ..runtime.distributed import read_hosts_manifest
+
+        read_hosts_manifest(args.dir)
+        if follow_rank0(args):  # rank 0 serves HTTP; the others run its calls
+            return 0
+    try:
+        import uvicorn
+
+        from ..serving.server import create_app
+    except ImportError as e:
+        raise CliError(f"serve needs the web server packages ({e.name} is missing): pip install 'sharktank[serve]'") from None
+    from ..runtime import read_manifest
+
+    if not distributed:
+        read_manifest(args.dir)  # not an artifact: one line now, not after the server started
+    if args.max_queue < 0:
+        raise CliError(f"--max-queue must be >= 0, found {args.max_queue}")
+    name = args.model_name or Path(args.dir).resolve().name
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise CliError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    held: dict = {}
+    app = create_app(None, None, name, load=_serve_loader(args, distributed, held), api_key=api_key)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"sharktank serve: warning: listening on {args.host}: the API has no authentication; anyone who can reach this port can use it", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    threading.Thread(target=_watch, args=(server, app.state.serving, args, host, held), daemon=True).start()
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: exit through the finally
+    # below (which stops the other ranks) instead of dying of it.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        server.run()
+    finally:
+        if distributed and "model" in held:
+            held["model"].close()  # stops the other ranks (nothing to do when one was lost)
+    return held.get("rc") or (2 if app.state.serving.error or not server.started else 0)
+
+
+def add_parser(sub) -> None:
+    """Declare `sharktank serve` on the subcommand set ``sub``."""
+    v = sub.add_parser(
+        "serve", help="serve a compiled directory over an OpenAI-compatible HTTP API",
+        description="Load DIR and serve /v1/completions, /v1/chat/completions (when the tokenizer has a chat template), "
+        "/v1/models and /health (503 while loading, then 200). Requests are batched by the engine: up to --max-batch "
+        "generate together, up to --max-queue more wait, and any beyond get 429. GET /metrics answers Prometheus text. "
+        "Without --api-key the API has no authentication; it listens on 127.0.0.1 unless --host says otherwise.",
+    )
+    v.add_argument("dir", help="a compiled export directory with a tokenizer (from `sharktank export`)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 exposes it to the network)")
+    v.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one, printed when ready)")
+    v.add_argument("--max-batch", dest="max_batch", type=int, help="requests generating at once: one of the exported batch sizes (default the largest)")
+    v.add_argument("--max-queue", dest="max_queue", type=int, default=64, help="requests waiting for a free batch row before new ones get 429 (default 64)")
+    v.add_argument("--model-name", dest="model_name", help="the model id clients send and /v1/models lists (default DIR's name)")
+    v.add_argument("--api-key", dest="api_key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on every /v1 route (401 otherwise); default: the "
+        f"{API_KEY_ENV} environment variable (safer: a command line is visible to other users). /health and /metrics stay open "
+        "(they carry no prompts or outputs, only status, counts and latencies): keep /metrics off untrusted networks if that matters")
+    add_runtime_options(v, serving=True)
+    v.add_argument("--log-level", dest="log_level", default="warning", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn's log level (default warning)")
+    v.set_defaults(func=cmd_serve)
