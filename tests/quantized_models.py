@@ -115,3 +115,18 @@ def llama_cpp_type(name: str, shape, base: str = "Q4_K") -> str:
     if shape[-1] % 256:
         kind = {"Q6_K": "Q8_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1"}[kind]
     return kind
+
+
+def compiled_vs_eager(compiled, model, *, new_tokens: int = 4) -> tuple[float, float]:
+    """``(prefill, decode)``: the largest |compiled - eager| over the largest |logit| of a
+    prefill of ``TOKENS[:1]`` and of ``new_tokens`` greedy decode steps after it (on the
+    compiled module's own path); the greedy ids must be equal (asserted here)."""
+    prompt = TOKENS[:1]
+    got, _ = compiled.prefill(prompt)
+    want = model.prefill(prompt)
+    prefill = ((got - want).abs().max() / want.abs().max()).item()
+    ids, steps = compiled.generate(prompt, new_tokens)
+    assert torch.equal(ids, model.generate(prompt, new_tokens))
+    want = model.prefill(torch.cat([prompt, ids[:, :-1]], 1))[:, prompt.shape[1] - 1 :]
+    decode = ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
+    return prefill, decode

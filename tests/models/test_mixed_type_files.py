@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from quantized_models import TOKENS, gguf_dequantized, llama_cpp_type, typed_theta
+from quantized_models import TOKENS, compiled_vs_eager, gguf_dequantized, llama_cpp_type, typed_theta
 from sharktank.models import load_model, save_gguf
 from sharktank.models.llama import LlamaConfig
 from sharktank.models.llama.model import LlamaModel
@@ -105,15 +105,8 @@ def test_a_mixed_type_file_compiled_at_tp2_equals_eager(mixed_file, tmp_path):
     export_artifact(load_model(mixed_file, tp=2, deferred=True), out, source=str(mixed_file), max_seq_len=32)
     model = load_model(mixed_file, tp=2)
     compiled = CompiledModel(out)
-    got, _ = compiled.prefill(TOKENS[:1])
-    want = model.prefill(TOKENS[:1])
-    err = ((got - want).abs().max() / want.abs().max()).item()
-    assert err <= 1e-4, f"prefill: max |error| / max |logit| = {err:.3g}"
-    ids, steps = compiled.generate(TOKENS[:1], 4)
-    assert torch.equal(ids, model.generate(TOKENS[:1], 4))
-    s = TOKENS.shape[1]
-    want = model.prefill(torch.cat([TOKENS[:1], ids[:, :-1]], 1))[:, s - 1 :]
-    err = ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
+    prefill, err = compiled_vs_eager(compiled, model)
+    assert prefill <= 1e-4, f"prefill: max |error| / max |logit| = {prefill:.3g}"
     # The Q4_K and Q6_K decode kernels take x rounded to 16 bits per 32 values (as in
     # tests/export/test_quantized_export.py's bound for a Q4_K_M mix).
     assert err <= 5e-3, f"decode: max |error| / max |logit| = {err:.3g}"
