@@ -84,7 +84,7 @@ def test_streamed_archives_equal_in_memory_ones_and_store_the_tied_embedding_onc
     for d in range(tp):
         assert got[(d, f"model.embed_tokens.weight@d{d}")].shape == (SMALL["vocab_size"], SMALL["hidden_size"])
     manifest = json.loads((streamed / "manifest.json").read_text())
-    stored = sum(f["size"] for f in manifest.parameters["files"].values())
+    stored = sum(f["size"] for f in manifest["parameters"]["files"].values())
     checkpoint_bytes = sum(t.numel() * 4 for t in eager.source.theta.values())
     # tp=1 stores the checkpoint once; tp=2 adds one more copy of the replicated embedding
     # and norms (the rest is split), plus archive headers and alignment.
