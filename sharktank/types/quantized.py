@@ -118,7 +118,14 @@ _IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 
 
 
 def _iq4_levels(nibbles: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(_IQ4_LEVELS, dtype=torch.int32)[nibbles]
+    """Each nibble's level, as selects rather than a table lookup: a table made while tracing
+    leaves an aten.detach_ that IREE 3.10 cannot lower, a gather by int32 indices does not
+    compile, and one by int64 indices inside the one-pass product is miscompiled for AVX2
+    (x86-64-v3: errors of the logits' size; right for AVX-512)."""
+    out = torch.full_like(nibbles, _IQ4_LEVELS[0])
+    for i, level in enumerate(_IQ4_LEVELS[1:], 1):
+        out = torch.where(nibbles == i, level, out)
+    return out
 
 
 def _iq4_nl(b):
