@@ -108,7 +108,7 @@ def load_model(
 
     ``ep``: expert parallelism for a mixture of experts: 1 (each expert split ``tp``-way as
     the dense FFN), or ``tp`` (whole experts per device over each tensor-parallel group, ``E``
-    divisible by it; eager only for now).
+    divisible by it; `export --ep`).
 
     ``deferred=True``: the model holds placeholder weights (shapes and dtypes, no memory) and
     its ``source`` reads the bytes when an export writes the parameter archives, one tensor

@@ -50,7 +50,7 @@ class LlamaModel:
         source's placeholders hold no data, so such a model can be exported, not run.
         ``experts``: how a mixture of experts is split over each tensor-parallel group:
         ``"ffn"`` (each expert split as the dense FFN) or ``"experts"`` (expert parallelism
-        over the same devices, whole experts per device; eager only for now)."""
+        over the same devices, whole experts per device; exports and compiles like the rest)."""
         self.config = config
         self.source = source if source is not None else WeightSource.of(theta)
         self.plan = plan or ParallelPlan.from_tp_pp(config.num_layers)
