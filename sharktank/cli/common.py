@@ -53,7 +53,9 @@ def add_runtime_options(p, *, serving: bool) -> None:
 def multi_host(directory: str) -> bool:
     """Whether ``directory`` holds a multi-host artifact (its readers say what else is wrong)."""
     try:
-        return json.loads((Path(directory) / "manifest.json").read_text()).get("format") == "sharktank.hosts"
+        from ..export.manifest import HOSTS_FORMAT
+
+        return json.loads((Path(directory) / "manifest.json").read_text()).get("format") == HOSTS_FORMAT
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -107,8 +107,6 @@ def _hosts_summary(args, manifest, out: Path) -> int:
     return 0
 
 
-
-
 def add_parser(sub) -> None:
     """Declare `sharktank export` on the subcommand set ``sub``."""
     from ..export.cache_size import DEFAULT_MAX_SEQ_LEN

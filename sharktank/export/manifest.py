@@ -29,7 +29,7 @@ from ..weights._files import resolve_inside
 
 __all__ = [
     "ArtifactError", "ArgSpec", "FunctionSpec", "Manifest", "HostsManifest", "HostEntry", "KINDS",
-    "ARTIFACT_FORMAT", "HOSTS_FORMAT", "function_name", "parse_function_name", "path_inside", "read_any",
+    "ARTIFACT_FORMAT", "HOSTS_FORMAT", "function_name", "parse_function_name", "find_function", "path_inside", "read_any",
     "parameter_bytes_per_device",
 ]
 
@@ -100,6 +100,19 @@ def _need(ok: bool, path: Path, what: str) -> None:
         raise ArtifactError(f"{path}: {what}")
 
 
+def _need_format(m: Any, fmt: str, path: Path, what: str, rest: str = ")") -> None:
+    """Refuse JSON that is not an object of ``format`` ``fmt``: ``{path}: {what} (format F{rest}``."""
+    if not isinstance(m, dict) or m.get("format") != fmt:
+        found = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise ArtifactError(f"{path}: {what} (format {found!r}{rest}")
+
+
+def find_function(functions: Mapping[str, FunctionSpec], kind: str, batch: int) -> FunctionSpec | None:
+    """``kind``'s function for batch size ``batch`` among ``functions`` (by name), or None
+    when it was not exported or ``kind`` is no function kind."""
+    return functions.get(function_name(kind, batch)) if kind in KINDS else None
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -119,10 +132,12 @@ def _function(name: str, raw: Any, path: Path) -> FunctionSpec:
     return FunctionSpec(name, kind, batch, tuple(args), length)
 
 
-def _load_json(directory: Path) -> tuple[Path, Any]:
+def _load_json(directory: Path, made_by: str = "sharktank export") -> tuple[Path, Any]:
+    """``(path, JSON)`` of ``directory/manifest.json``; ``made_by`` names the command whose
+    output directory was expected, for the refusal when there is none."""
     path = directory / "manifest.json"
     if not path.is_file():
-        raise ArtifactError(f"{directory}: no manifest.json (is this a `sharktank export` output directory?)")
+        raise ArtifactError(f"{directory}: no manifest.json (is this a `{made_by}` output directory?)")
     try:
         return path, json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -169,9 +184,7 @@ class Manifest:
         """The manifest ``m`` (as JSON decodes it) of the artifact in ``directory``, checked."""
         directory = Path(directory)
         path = directory / "manifest.json"
-        if not isinstance(m, dict) or m.get("format") != ARTIFACT_FORMAT:
-            found = m.get("format") if isinstance(m, dict) else type(m).__name__
-            raise ArtifactError(f"{path}: not a sharktank artifact manifest (format {found!r})")
+        _need_format(m, ARTIFACT_FORMAT, path, "not a sharktank artifact manifest")
         for key, kind in _FIELDS.items():
             _need(isinstance(m.get(key), kind) and not isinstance(m.get(key), bool), path, f"field {key!r} is missing or not {kind.__name__}")
         _need(m["device_count"] >= 1 and isinstance(m["parameters"].get("files"), dict), path, "device_count must be >= 1 and parameters.files an object")
@@ -188,7 +201,7 @@ class Manifest:
     # --- functions ---------------------------------------------------------------------------
     def find(self, kind: str, batch: int) -> FunctionSpec | None:
         """``kind``'s function for batch size ``batch``, or None when it was not exported."""
-        return self.functions.get(function_name(kind, batch)) if kind in KINDS else None
+        return find_function(self.functions, kind, batch)
 
     def smallest(self, kind: str) -> FunctionSpec:
         """``kind``'s function of the smallest exported batch size."""
@@ -303,21 +316,14 @@ class HostsManifest:
     @classmethod
     def read(cls, directory: str | Path) -> "HostsManifest":
         directory = Path(directory)
-        try:
-            path, m = _load_json(directory)
-        except ArtifactError:
-            if not (directory / "manifest.json").is_file():
-                raise ArtifactError(f"{directory}: no manifest.json (is this a `sharktank export --hosts` output directory?)") from None
-            raise
+        _, m = _load_json(directory, made_by="sharktank export --hosts")
         return cls.from_dict(m, directory)
 
     @classmethod
     def from_dict(cls, m: Any, directory: str | Path) -> "HostsManifest":
         directory = Path(directory)
         path = directory / "manifest.json"
-        if not isinstance(m, dict) or m.get("format") != HOSTS_FORMAT:
-            found = m.get("format") if isinstance(m, dict) else type(m).__name__
-            raise ArtifactError(f"{path}: not a multi-host artifact (format {found!r}, expected {HOSTS_FORMAT!r}); run a one-host artifact without --distributed")
+        _need_format(m, HOSTS_FORMAT, path, "not a multi-host artifact", f", expected {HOSTS_FORMAT!r}); run a one-host artifact without --distributed")
         hosts = m.get("hosts")
         ok = isinstance(hosts, list) and len(hosts) >= 2 and all(isinstance(h, dict) for h in hosts)
         _need(ok and [h.get("host") for h in hosts] == list(range(len(hosts))), path, "'hosts' must list hosts 0..N-1 (N >= 2)")

@@ -14,17 +14,16 @@ waits for the module's initialisation, while the archive pages it has read are r
 
 from __future__ import annotations
 
-import json
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ..export.compile import TARGETS
-from ..export.manifest import KINDS, ArtifactError, FunctionSpec, Manifest, function_name, path_inside
+from ..export.manifest import ArtifactError, FunctionSpec, Manifest, find_function, path_inside
 from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
 
@@ -74,7 +73,7 @@ class PrefillDecode:
 
     def find(self, kind: str, batch: int) -> FunctionSpec | None:
         """``kind``'s exported function for batch size ``batch``, or None."""
-        return self.functions.get(function_name(kind, batch)) if kind in KINDS else None
+        return find_function(self.functions, kind, batch)
 
     def idle(self) -> None:
         pass
