@@ -5,8 +5,9 @@ function as a model's parameters are (not constants IREE could fold or pack at c
     python tools/bench_products.py [--shape 128x1536x576] [--layout Q4_1] [--rounds 3] [--reps 10]
         [--flags="--iree-llvmcpu-enable-ukernels=all"]
 
-Cases, each its own compiled function, timed in interleaved rounds (the median of ``--reps``
-calls after a warm-up per round; printed: the median over rounds and its range):
+Cases, each its own compiled function, timed in interleaved rounds
+(``bench_timing.interleaved``: one warm-up call each, then the mean of ``--reps`` calls per
+round; printed: the median over rounds and its range):
 
 - ``quant f32`` / ``quant bf16``: a ``--layout`` weight (random blocks, small float16 scales)
   through ``ops.linear`` as a prompt takes it (more rows than a block product's: the weight
@@ -23,14 +24,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from sharktank import ops
-from sharktank.export import arg_devices, compile_mlir, export_function
-from sharktank.runtime import Session
-from sharktank.types import LAYOUTS, QuantizedTensor
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_timing import interleaved  # noqa: E402
+
+from sharktank import ops  # noqa: E402
+from sharktank.export import arg_devices, compile_mlir, export_function  # noqa: E402
+from sharktank.runtime import Session  # noqa: E402
+from sharktank.types import LAYOUTS, QuantizedTensor  # noqa: E402
 
 
 def _blocks(layout: str, n: int, k: int) -> torch.Tensor:
@@ -40,16 +46,6 @@ def _blocks(layout: str, n: int, k: int) -> torch.Tensor:
     # Every layout here starts its block with float16 scale(s): small ones keep values finite.
     blocks[..., :4] = (torch.rand(n, nb, 2) * 0.01).half().view(torch.uint8).reshape(n, nb, 4)
     return blocks
-
-
-def _time_ms(session: Session, inputs, devices, reps: int) -> float:
-    session.call("main", inputs, devices)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        session.call("main", inputs, devices)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,10 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compiling {name} ...", flush=True)
         mlir = str(export_function(fn, fargs).mlir_module)
         built[name] = (Session(compile_mlir(mlir, 1, extra=flags), 1), [a.numpy() for a in fargs], arg_devices(fargs))
-    results: dict[str, list[float]] = {name: [] for name in built}
-    for _ in range(args.rounds):
-        for name, (session, inputs, devices) in built.items():
-            results[name].append(_time_ms(session, inputs, devices, args.reps))
+    calls = {name: (lambda s=session, i=inputs, d=devices: s.call("main", i, d)) for name, (session, inputs, devices) in built.items()}
+    results = {name: [t * 1e3 for t in seconds] for name, seconds in interleaved(calls, args.rounds, args.reps).items()}
     gflop = 2 * m * n * k / 1e9
     print(f"\n{m}x{n}x{k}, {args.layout}, {args.rounds} rounds" + (f", flags: {args.flags}" if extra else ""))
     print("| case | ms median (min-max) | GFLOP/s |\n|---|---|---|")
