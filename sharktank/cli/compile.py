@@ -6,6 +6,9 @@ from .common import say
 
 __all__ = ["add_parser", "cmd_compile"]
 
+NAME = "compile"
+HELP = "(re)compile an exported directory"  # the line in `sharktank --help`
+
 
 def cmd_compile(args) -> int:
     from ..export.artifact import compile_artifact
@@ -22,7 +25,8 @@ def add_parser(sub) -> None:
     """Declare `sharktank compile` on the subcommand set ``sub``."""
     from ..export.compile import TARGETS
 
-    c = sub.add_parser("compile", help="(re)compile an exported directory", description="Compile DIR/model.mlir to DIR/model.vmfb. A model exported for cpu (this host) calls hand-written CPU dispatches (the manifest's module.cpu_kernels: decode attention, and a quantized model's products), written for this host's CPU: it compiles for cpu and this host only; export it again for a GPU target or another --target-arch.")
+    c = sub.add_parser(
+        NAME, help=HELP, description="Compile DIR/model.mlir to DIR/model.vmfb. A model exported for cpu (this host) calls hand-written CPU dispatches (the manifest's module.cpu_kernels: decode attention, and a quantized model's products), written for this host's CPU: it compiles for cpu and this host only; export it again for a GPU target or another --target-arch.")
     c.add_argument("dir", help="an export directory (from `sharktank export`)")
     c.add_argument("--target", choices=list(TARGETS), help="compile target (default: as exported)")
     c.add_argument("--target-arch", dest="target_arch", help="CPU name, ROCm arch or CUDA arch")

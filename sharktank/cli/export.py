@@ -10,6 +10,9 @@ from .common import CliError, ints, say
 
 __all__ = ["add_parser", "cmd_export"]
 
+NAME = "export"
+HELP = "export (and compile) a sharded model to a directory"  # the line in `sharktank --help`
+
 _RECIPE_KEYS = {"model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
 _DEFAULTS = {"tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
 
@@ -114,8 +117,7 @@ def add_parser(sub) -> None:
     from ..models import SOURCES_HELP
 
     e = sub.add_parser(
-        "export",
-        help="export (and compile) a sharded model to a directory",
+        NAME, help=HELP,
         description="Export a model sharded tp-way over pp pipeline stages (or as a placement file says) "
         "to DIR: model.mlir, model.vmfb, one device_N.irpa of weight shards per device, manifest.json. "
         "The previous DIR is kept intact if anything fails.",

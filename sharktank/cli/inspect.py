@@ -7,6 +7,9 @@ from pathlib import Path
 
 __all__ = ["add_parser", "cmd_inspect"]
 
+NAME = "inspect"
+HELP = "describe an exported directory (and draw its placement)"  # the line in `sharktank --help`
+
 
 def cmd_inspect(args) -> int:
     from ..export.manifest import HostsManifest, parameter_bytes_per_device, read_any
@@ -70,7 +73,7 @@ def cmd_inspect(args) -> int:
 def add_parser(sub) -> None:
     """Declare `sharktank inspect` on the subcommand set ``sub``."""
     i = sub.add_parser(
-        "inspect", help="describe an exported directory (and draw its placement)",
+        NAME, help=HELP,
         description="Draw the placement (devices as columns, pipeline stages as rows, each cell the microbatch paths "
         "A, B, ... that run that stage on that device, so a letter read down the rows is one path's route; the "
         "parameter bytes each device holds), then transfers per function, the tokenizer and the compile flags. "

@@ -9,6 +9,9 @@ from .common import CliError, say
 
 __all__ = ["add_parser", "cmd_perplexity"]
 
+NAME = "perplexity"
+HELP = "perplexity of a text file, as llama.cpp's llama-perplexity computes it"  # the line in `sharktank --help`
+
 
 def cmd_perplexity(args) -> int:
     from ..evaluate import PerplexityError, bos_to_add, check_window, open_target, perplexity
@@ -47,7 +50,7 @@ def add_parser(sub) -> None:
     from ..models import SOURCES_HELP
 
     pp = sub.add_parser(
-        "perplexity", help="perplexity of a text file, as llama.cpp's llama-perplexity computes it",
+        NAME, help=HELP,
         description=f"Perplexity of the text in FILE under the model DIR|MODEL. {METHOD} A compiled artifact runs each chunk as one "
         "prefill (logits of every position); a model source runs eagerly in torch.",
     )

@@ -10,6 +10,9 @@ from .common import CliError, say
 
 __all__ = ["add_parser", "cmd_quantize"]
 
+NAME = "quantize"
+HELP = "write a model as a quantized GGUF"  # the line in `sharktank --help`
+
 
 def cmd_quantize(args) -> int:
     from ..models.loading import weight_source
@@ -38,8 +41,7 @@ def add_parser(sub) -> None:
     from ..weights import QUANTIZE_TO
 
     q = sub.add_parser(
-        "quantize",
-        help="write a model as a quantized GGUF",
+        NAME, help=HELP,
         description="Quantize a model's 2-D weights with the gguf package's own quantizers and write a llama GGUF "
         "(norms and biases stay float32; weights whose rows are not whole blocks, or already quantized, are kept). "
         "Reads and writes one tensor at a time. K-quants (Q4_K, Q6_K) load but are not made here.",

@@ -10,6 +10,9 @@ from .common import CliError, add_runtime_options, follow_rank0, ints, multi_hos
 
 __all__ = ["add_parser", "cmd_run"]
 
+NAME = "run"
+HELP = "generate with a compiled directory: token ids (greedy) or text"  # the line in `sharktank --help`
+
 
 def _timings(model, t0: float, loaded: float) -> dict:
     from ..runtime.process import seconds_since_process_start
@@ -135,7 +138,7 @@ def cmd_run(args) -> int:
 def add_parser(sub) -> None:
     """Declare `sharktank run` on the subcommand set ``sub``."""
     r = sub.add_parser(
-        "run", help="generate with a compiled directory: token ids (greedy) or text",
+        NAME, help=HELP,
         description="Prefill the prompt, then decode on the compiled module: --tokens takes ids and decodes greedily; "
         "--prompt takes text (encoded with the tokenizer the export copied), samples as --temperature/--top-k/--top-p/--seed say, "
         "stops at the tokenizer's EOS ids or a --stop string and prints the text.",

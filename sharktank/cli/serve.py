@@ -11,6 +11,9 @@ from .common import CliError, add_runtime_options, follow_rank0, multi_host, ope
 
 __all__ = ["add_parser", "cmd_serve", "API_KEY_ENV", "SHUTDOWN_GRACE_S"]
 
+NAME = "serve"
+HELP = "serve a compiled directory over an OpenAI-compatible HTTP API"  # the line in `sharktank --help`
+
 # The environment variable --api-key defaults to.
 API_KEY_ENV = "SHARKTANK_API_KEY"
 # Seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
@@ -110,7 +113,7 @@ def cmd_serve(args) -> int:
 def add_parser(sub) -> None:
     """Declare `sharktank serve` on the subcommand set ``sub``."""
     v = sub.add_parser(
-        "serve", help="serve a compiled directory over an OpenAI-compatible HTTP API",
+        NAME, help=HELP,
         description="Load DIR and serve /v1/completions, /v1/chat/completions (when the tokenizer has a chat template), "
         "/v1/models and /health (503 while loading, then 200). Requests are batched by the engine: up to --max-batch "
         "generate together, up to --max-queue more wait, and any beyond get 429. GET /metrics answers Prometheus text. "

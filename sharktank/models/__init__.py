@@ -9,6 +9,16 @@ These names are loaded on first use (PEP 562), so importing a submodule such as
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on first use
+    from .llama.gguf_files import gguf_source, load_gguf, quantize_gguf, save_gguf
+    from .llama.hf_checkpoint import hf_checkpoint_source, load_hf_checkpoint
+    from .llama.theta_dir import load_theta, save_theta
+    from .loading import SOURCES_HELP, load_model, load_weights, save_model_irpa
+
 # name -> the module (under sharktank.models) that defines it
 _HOMES = {
     "load_model": "loading",
@@ -26,11 +36,4 @@ _HOMES = {
 }
 
 __all__ = list(_HOMES)
-
-
-def __getattr__(name: str):
-    if name in _HOMES:
-        from importlib import import_module
-
-        return getattr(import_module(f".{_HOMES[name]}", __name__), name)
-    raise AttributeError(f"module 'sharktank.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _HOMES)

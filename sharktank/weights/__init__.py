@@ -11,35 +11,45 @@ naming the file and tensor. Importing this package imports no IREE, gguf or safe
 module; the functions load them when called.
 """
 
-from .errors import WeightsError
-from .theta import Theta
-from .source import WeightSource
+from __future__ import annotations
 
-from .gguf_read import GgufFile, GgufTensor, read_gguf
-from .gguf_write import QUANTIZE_TO, quantized_entries, tensor_entry, write_gguf
-from .hf import CheckpointFiles, scan_checkpoint
-from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa
-from .sharded_io import load_sharded, save_sharded
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "Theta",
-    "WeightSource",
-    "WeightsError",
-    "GgufFile",
-    "GgufTensor",
-    "read_gguf",
-    "write_gguf",
-    "tensor_entry",
-    "quantized_entries",
-    "QUANTIZE_TO",
-    "CheckpointFiles",
-    "scan_checkpoint",
-    "irpa_source",
-    "load_irpa",
-    "save_irpa",
-    "IrpaWriter",
-    "load_irpa_metadata",
-    "irpa_keys",
-    "load_sharded",
-    "save_sharded",
-]
+from .._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from .errors import WeightsError
+    from .theta import Theta
+    from .source import WeightSource
+    from .gguf_read import GgufFile, GgufTensor, read_gguf
+    from .gguf_write import QUANTIZE_TO, quantized_entries, tensor_entry, write_gguf
+    from .hf import CheckpointFiles, scan_checkpoint
+    from .irpa import IrpaWriter, irpa_keys, irpa_source, load_irpa, load_irpa_metadata, save_irpa
+    from .sharded_io import load_sharded, save_sharded
+
+# name -> the submodule that defines it; loaded on first use
+_HOMES = {
+    "Theta": "theta",
+    "WeightSource": "source",
+    "WeightsError": "errors",
+    "GgufFile": "gguf_read",
+    "GgufTensor": "gguf_read",
+    "read_gguf": "gguf_read",
+    "write_gguf": "gguf_write",
+    "tensor_entry": "gguf_write",
+    "quantized_entries": "gguf_write",
+    "QUANTIZE_TO": "gguf_write",
+    "CheckpointFiles": "hf",
+    "scan_checkpoint": "hf",
+    "irpa_source": "irpa",
+    "load_irpa": "irpa",
+    "save_irpa": "irpa",
+    "IrpaWriter": "irpa",
+    "load_irpa_metadata": "irpa",
+    "irpa_keys": "irpa",
+    "load_sharded": "sharded_io",
+    "save_sharded": "sharded_io",
+}
+
+__all__ = list(_HOMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _HOMES)

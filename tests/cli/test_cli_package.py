@@ -37,3 +37,44 @@ def test_building_the_parser_loads_no_runtime_server_or_tokenizer():
 def test_python_m_sharktank_cli_is_the_command():
     out = subprocess.run([sys.executable, "-m", "sharktank.cli", "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("sharktank "), out.stderr[-2000:]
+
+
+_HEAVY = ("torch", "numpy", "iree")
+
+
+def _loaded_heavy(argv: list[str]) -> tuple[int, list[str], str]:
+    """Run ``sharktank.cli.main(argv)`` in a fresh interpreter: its exit code, heavy packages loaded, stderr."""
+    code = (
+        "import sys\nfrom sharktank.cli import main\n"
+        f"try:\n    rc = main({argv!r})\nexcept SystemExit as e:\n    rc = e.code\n"
+        f"print(rc, sorted({{m.split('.')[0] for m in sys.modules}} & set({_HEAVY!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rc, loaded = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    return int(rc), eval(loaded), out.stderr
+
+
+def test_help_and_inspect_import_neither_torch_nor_iree(tmp_path):
+    # The top-level help lists every command without declaring (importing) their options.
+    rc, loaded, _ = _loaded_heavy(["--help"])
+    assert rc == 0 and loaded == []
+    art = tmp_path / "art"
+    out = subprocess.run([sys.executable, "-m", "sharktank.cli", "export", "--model", "toy-llama", "--tp", "2",
+                          "--no-compile", "--output-dir", str(art)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rc, loaded, _ = _loaded_heavy(["inspect", str(art)])
+    assert rc == 0 and loaded == []
+    # A user error is still one line and exit 2 (its class is imported only once it happened).
+    rc, _, err = _loaded_heavy(["inspect", str(tmp_path)])
+    assert rc == 2 and err.startswith("sharktank inspect: error:") and "Traceback" not in err
+
+
+def test_one_command_declared_alone_keeps_the_others_choosable():
+    from sharktank.cli import build_parser
+
+    parser = build_parser(only="compile")
+    assert {"dir", "target", "compile_flags"} <= set(_options(parser, "compile"))
+    assert _options(parser, "run") == {}  # declared by name only: no -h, no options
+    out = subprocess.run([sys.executable, "-m", "sharktank.cli", "nosuch"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "invalid choice: 'nosuch'" in out.stderr and "inspect" in out.stderr
