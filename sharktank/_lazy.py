@@ -9,6 +9,11 @@ A package lists ``name -> submodule`` once and gets its ``__getattr__`` and ``__
     __getattr__, __dir__ = lazy_attributes(__name__, _HOMES)
 
 and names the same imports under ``if TYPE_CHECKING:`` for type checkers and IDEs.
+
+A name must not also be a submodule's (``evaluate.perplexity``, the function, in
+``evaluate/perplexity.py``): once anything imports that submodule, the import system sets the
+package attribute to the module and ``__getattr__`` is never asked. Such a package imports
+its names eagerly (tests/cli/test_cli_package.py checks every lazy package).
 """
 
 from __future__ import annotations

@@ -78,3 +78,26 @@ def test_one_command_declared_alone_keeps_the_others_choosable():
     assert _options(parser, "run") == {}  # declared by name only: no -h, no options
     out = subprocess.run([sys.executable, "-m", "sharktank.cli", "nosuch"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "invalid choice: 'nosuch'" in out.stderr and "inspect" in out.stderr
+
+
+def test_lazy_package_names_are_what_their_homes_define_even_after_the_submodules_load():
+    import importlib
+    import pkgutil
+
+    import sharktank
+
+    lazy = [m for m in pkgutil.iter_modules(sharktank.__path__) if m.ispkg]
+    checked = 0
+    for info in lazy:
+        package = importlib.import_module(f"sharktank.{info.name}")
+        homes = getattr(package, "_HOMES", None)
+        if homes is None:
+            continue
+        submodules = {m.name for m in pkgutil.iter_modules(package.__path__)}
+        assert not set(homes) & submodules, f"{package.__name__}: names shadowed by submodules"
+        for name, home in homes.items():
+            module = importlib.import_module(f"{package.__name__}.{home}")  # as any importer might first
+            assert getattr(package, name) is getattr(module, name), f"{package.__name__}.{name}"
+            assert name in dir(package)
+        checked += 1
+    assert checked >= 5
