@@ -1,4 +1,5 @@
-"""Differential fuzzing of sharktank.ops (the generator and its checks are in opfuzz.py).
+"""Differential fuzzing of sharktank.ops (the runner is in opfuzz.py; its generator, op builders
+and checks in opfuzz_gen.py, opfuzz_ops.py and opfuzz_check.py).
 
 CI runs 800 seeded sequences in four chunks (so the xdist workers share them); the soak runs
 many more. Every failure the fuzzer found is kept here twice: its seed, and the smallest
