@@ -4,6 +4,7 @@ compiler runtime or serving stack (help must not pay for what a command does).""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -52,7 +53,7 @@ def _loaded_heavy(argv: list[str]) -> tuple[int, list[str], str]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     rc, loaded = out.stdout.strip().splitlines()[-1].split(" ", 1)
-    return int(rc), eval(loaded), out.stderr
+    return int(rc), ast.literal_eval(loaded), out.stderr
 
 
 def test_help_and_inspect_import_neither_torch_nor_iree(tmp_path):
