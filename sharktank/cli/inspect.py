@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .common import CliError
+
 __all__ = ["add_parser", "cmd_inspect"]
 
 NAME = "inspect"
@@ -13,16 +15,26 @@ HELP = "describe an exported directory (and draw its placement)"  # the line in 
 
 def cmd_inspect(args) -> int:
     from ..export.manifest import HostsManifest, parameter_bytes_per_device, read_any
-    from ..parallel.drawing import draw_svg, draw_text
+    from ..parallel.drawing import draw_png, draw_svg, draw_text
 
     m = read_any(args.dir)
     per_device = parameter_bytes_per_device(m)
     p = m.data["parallel"]
+    title = f"{Path(args.dir).resolve().name}: tp={p['tp']} pp={p['pp']}"
+    pictures = {}  # file -> its bytes, all drawn before any is written
     if args.svg:
+        pictures[args.svg] = draw_svg(p, per_device, title).encode()
+    if args.png:
+        try:
+            pictures[args.png] = draw_png(p, per_device, title)
+        except ImportError as e:  # Pillow missing or too old: the message says what to install
+            raise CliError(f"--png: {e}") from None
+    if pictures:
         from ..weights._files import atomic_file
 
-        with atomic_file(args.svg) as tmp:
-            Path(tmp).write_text(draw_svg(p, per_device, title=f"{Path(args.dir).resolve().name}: tp={p['tp']} pp={p['pp']}"))
+        for file, data in pictures.items():
+            with atomic_file(file) as tmp:
+                Path(tmp).write_bytes(data)
     if isinstance(m, HostsManifest):
         info = {
             "model": m.data["model"]["source"], "dtype": m.dtype, "tp": p["tp"], "pp": p["pp"], "hosts": len(m.hosts),
@@ -82,4 +94,6 @@ def add_parser(sub) -> None:
     i.add_argument("dir", help="an export directory (from `sharktank export`, one program or --hosts)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.add_argument("--svg", metavar="FILE", help="also write the drawing as an SVG picture to FILE")
+    i.add_argument("--png", metavar="FILE", help="also write the same drawing as a PNG image (2 pixels per SVG unit) to FILE; "
+                   "needs Pillow: pip install 'sharktank[draw]'")
     i.set_defaults(func=cmd_inspect)

@@ -1,6 +1,6 @@
 """Pictures of a parallel plan: devices as columns, pipeline stages as rows, and each
 microbatch path traced through them (``sharktank inspect`` prints the text form and writes the
-SVG form with ``--svg``).
+SVG and PNG forms with ``--svg`` and ``--png``).
 
 A plan here is :meth:`~sharktank.parallel.ParallelPlan.to_dict`'s form (what a manifest's
 ``parallel`` holds): ``replicas[s]`` lists stage ``s``'s replicas, each a group of ``tp``
@@ -8,15 +8,19 @@ devices; ``paths[p][s]`` is the replica path ``p`` uses at stage ``s``. Paths ar
 ``A``, ``B``, ...; a cell shows the paths that run stage ``s`` on that device (``.`` for a
 replica no path uses), so reading a letter down the rows follows its microbatch from the
 first stage to the last (DualPipe's two directions, DualPipeV's V).
+
+Both pictures are one :func:`scene` (a canvas and small shapes in SVG units): :func:`draw_svg`
+writes it as text, :func:`draw_png` paints it with Pillow (the ``draw`` extra, imported only then).
 """
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from html import escape
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
-__all__ = ["Grid", "grid", "draw_text", "draw_svg", "path_name"]
+__all__ = ["Grid", "grid", "draw_text", "path_name", "Scene", "Rect", "Polyline", "Circle", "Line", "Text", "scene", "draw_svg", "draw_png"]
 
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
@@ -94,51 +98,171 @@ def draw_text(plan: Mapping, bytes_per_device: Mapping[int, int] | None = None) 
     return "\n".join(out)
 
 
-def draw_svg(plan: Mapping, bytes_per_device: Mapping[int, int] | None = None, title: str = "") -> str:
-    """The same picture as an SVG document: replicas as shaded cells, each path a coloured
-    line through the cells it runs in, stage by stage."""
+@dataclass(frozen=True)
+class Rect:
+    """A filled rectangle, its corners rounded by ``radius``, outlined (1 unit) in ``stroke``."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    fill: str
+    stroke: str | None = None
+    radius: float = 0
+
+
+@dataclass(frozen=True)
+class Polyline:
+    """An open line through ``points``, ``width`` units wide, drawn over what lies below at ``opacity``."""
+
+    points: tuple[tuple[float, float], ...]
+    colour: str
+    width: float
+    opacity: float = 1.0
+
+
+@dataclass(frozen=True)
+class Circle:
+    x: float
+    y: float
+    r: float
+    fill: str
+
+
+@dataclass(frozen=True)
+class Line:
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    colour: str
+    width: float
+
+
+@dataclass(frozen=True)
+class Text:
+    """One line of sans-serif text whose baseline starts at (or, ``middle``, is centred on) ``x, y``."""
+
+    x: float
+    y: float
+    text: str
+    anchor: Literal["start", "middle"] = "start"
+    size: float = 13
+    weight: Literal["normal", "bold"] = "normal"
+    colour: str = "black"
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A picture: a ``width`` x ``height`` canvas and its shapes, painted in order."""
+
+    width: int
+    height: int
+    items: tuple[Rect | Polyline | Circle | Line | Text, ...]
+
+
+def scene(plan: Mapping, bytes_per_device: Mapping[int, int] | None = None, title: str = "") -> Scene:
+    """The picture of a plan: replicas as shaded cells, each path a coloured line through the
+    cells it runs in, stage by stage, then each device's parameter bytes and a legend."""
     g = grid(plan)
     cw, ch, left, top = 90, 44, 150, 60 + (20 if title else 0)
     n_paths = len(g.route)
     height = top + ch * len(g.cells) + (40 if bytes_per_device else 10) + 22 * n_paths + 10
     width = left + cw * len(g.devices) + 20
     col = {d: i for i, d in enumerate(g.devices)}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">',
-           f'<rect width="{width}" height="{height}" fill="white"/>']
+    centre = lambda d: left + col[d] * cw + cw / 2  # noqa: E731
+    out: list = [Rect(0, 0, width, height, "white")]
     if title:
-        out.append(f'<text x="10" y="20" font-weight="bold">{escape(title)}</text>')
-    for d in g.devices:
-        out.append(f'<text x="{left + col[d] * cw + cw / 2}" y="{top - 12}" text-anchor="middle">dev {d}</text>')
+        out.append(Text(10, 20, title, weight="bold"))
+    out += [Text(centre(d), top - 12, f"dev {d}", anchor="middle") for d in g.devices]
     for s, row in enumerate(g.cells):
         y = top + s * ch
         host = f" (host {g.host_of_stage[s]})" if g.host_of_stage else ""
-        out.append(f'<text x="10" y="{y + ch / 2 - 2}">stage {s}{host}</text>')
-        out.append(f'<text x="10" y="{y + ch / 2 + 13}" fill="#666" font-size="11">{escape(_blocks(g.blocks[s]))}</text>')
+        out += [Text(10, y + ch / 2 - 2, f"stage {s}{host}"), Text(10, y + ch / 2 + 13, _blocks(g.blocks[s]), size=11, colour="#666")]
         for i, users in enumerate(row):
             fill = "#f4f4f4" if users is None else "#dde8f5" if users else "#eeeeee"
-            out.append(f'<rect x="{left + i * cw + 2}" y="{y + 2}" width="{cw - 4}" height="{ch - 4}" rx="4" fill="{fill}" stroke="#bbb"/>')
+            out.append(Rect(left + i * cw + 2, y + 2, cw - 4, ch - 4, fill, stroke="#bbb", radius=4))
     for p, stops in enumerate(g.route):
         colour = _COLOURS[p % len(_COLOURS)]
         dx = (p - (n_paths - 1) / 2) * min(12, (cw - 20) / max(n_paths, 1))
-        points = []
-        for s, group in enumerate(stops):
-            x = left + sum(col[d] for d in group) / len(group) * cw + cw / 2 + dx
-            points.append(f"{x:.1f},{top + s * ch + ch / 2:.1f}")
-        out.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="3" opacity="0.85"/>')
-        for pt in points:
-            x, y = pt.split(",")
-            out.append(f'<circle cx="{x}" cy="{y}" r="4" fill="{colour}"/>')
+        points = tuple((round(sum(centre(d) for d in group) / len(group) + dx, 1), round(top + s * ch + ch / 2, 1)) for s, group in enumerate(stops))
+        out.append(Polyline(points, colour, 3, opacity=0.85))
+        out += [Circle(x, y, 4, colour) for x, y in points]
     y = top + ch * len(g.cells) + 18
     if bytes_per_device:
-        out.append(f'<text x="10" y="{y}">weights</text>')
-        for d in g.devices:
-            out.append(f'<text x="{left + col[d] * cw + cw / 2}" y="{y}" text-anchor="middle">{_bytes(bytes_per_device.get(d, 0))}</text>')
+        out.append(Text(10, y, "weights"))
+        out += [Text(centre(d), y, _bytes(bytes_per_device.get(d, 0)), anchor="middle") for d in g.devices]
         y += 30
-    for p in range(n_paths):
+    for p, stops in enumerate(g.route):
         colour = _COLOURS[p % len(_COLOURS)]
-        stops = " -> ".join("+".join(map(str, group)) for group in g.route[p])
-        out.append(f'<line x1="10" y1="{y - 4}" x2="34" y2="{y - 4}" stroke="{colour}" stroke-width="3"/>')
-        out.append(f'<text x="42" y="{y}">path {path_name(p)}: devices {escape(stops)}</text>')
+        out += [Line(10, y - 4, 34, y - 4, colour, 3), Text(42, y, f"path {path_name(p)}: devices " + " -> ".join("+".join(map(str, group)) for group in stops))]
         y += 22
-    out.append("</svg>")
-    return "\n".join(out)
+    return Scene(width, height, tuple(out))
+
+
+def _n(v: float) -> str:
+    return f"{round(v, 1):g}"
+
+
+def _svg_text(t: Text) -> str:
+    attrs = "".join(f' {k}="{v}"' for k, v, default in (("text-anchor", t.anchor, "start"), ("fill", t.colour, "black"),
+                    ("font-size", _n(t.size), "13"), ("font-weight", t.weight, "normal")) if v != default)
+    return f'<text x="{_n(t.x)}" y="{_n(t.y)}"{attrs}>{escape(t.text)}</text>'
+
+
+_SVG = {  # each shape's SVG element
+    Rect: lambda r: f'<rect x="{_n(r.x)}" y="{_n(r.y)}" width="{_n(r.w)}" height="{_n(r.h)}"' + (f' rx="{_n(r.radius)}"' if r.radius else "")
+    + f' fill="{r.fill}"' + (f' stroke="{r.stroke}"' if r.stroke else "") + "/>",
+    Polyline: lambda p: f'<polyline points="{" ".join(f"{_n(x)},{_n(y)}" for x, y in p.points)}" fill="none" stroke="{p.colour}" '
+    f'stroke-width="{_n(p.width)}"' + (f' opacity="{p.opacity}"' if p.opacity != 1 else "") + "/>",
+    Circle: lambda c: f'<circle cx="{_n(c.x)}" cy="{_n(c.y)}" r="{_n(c.r)}" fill="{c.fill}"/>',
+    Line: lambda li: f'<line x1="{_n(li.x1)}" y1="{_n(li.y1)}" x2="{_n(li.x2)}" y2="{_n(li.y2)}" stroke="{li.colour}" stroke-width="{_n(li.width)}"/>',
+    Text: _svg_text,
+}
+
+
+def draw_svg(plan: Mapping, bytes_per_device: Mapping[int, int] | None = None, title: str = "") -> str:
+    """The plan's :func:`scene` as an SVG document."""
+    sc = scene(plan, bytes_per_device, title)
+    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" width="{sc.width}" height="{sc.height}" font-family="sans-serif" font-size="13">',
+                      *(_SVG[type(item)](item) for item in sc.items), "</svg>"])
+
+
+def _pillow():
+    """Pillow's Image, ImageDraw and ImageFont, or an ImportError that says how to install them."""
+    try:
+        import PIL
+        from PIL import Image, ImageDraw, ImageFont
+    except ImportError as e:
+        raise ImportError(f"writing a PNG needs Pillow ({e.name or 'PIL'} is missing): pip install 'sharktank[draw]'", name="PIL") from None
+    if tuple(int(x) for x in PIL.__version__.split(".")[:2]) < (10, 1):  # load_default(size=) is scalable from 10.1
+        raise ImportError(f"writing a PNG needs Pillow >= 10.1, not {PIL.__version__}: pip install 'sharktank[draw]'", name="PIL")
+    return Image, ImageDraw, ImageFont
+
+
+def draw_png(plan: Mapping, bytes_per_device: Mapping[int, int] | None = None, title: str = "", scale: int = 2) -> bytes:
+    """The plan's :func:`scene` as a PNG file's bytes, ``scale`` pixels per SVG unit."""
+    Image, ImageDraw, ImageFont = _pillow()
+    sc = scene(plan, bytes_per_device, title)
+    image = Image.new("RGB", (sc.width * scale, sc.height * scale), "white")
+    draw = ImageDraw.Draw(image)
+    fonts: dict = {}
+    k = lambda *v: [c * scale for c in v]  # noqa: E731
+    for item in sc.items:
+        if isinstance(item, Rect):
+            draw.rounded_rectangle(k(item.x, item.y, item.x + item.w, item.y + item.h), item.radius * scale, item.fill, item.stroke, scale)
+        elif isinstance(item, Polyline):  # painted through a mask, so what lies below shows at 1 - opacity
+            mask = Image.new("L", image.size, 0)
+            ImageDraw.Draw(mask).line([tuple(k(*pt)) for pt in item.points], round(255 * item.opacity), round(item.width * scale), joint="curve")
+            image.paste(item.colour, (0, 0, *image.size), mask)
+        elif isinstance(item, Circle):
+            draw.ellipse(k(item.x - item.r, item.y - item.r, item.x + item.r, item.y + item.r), item.fill)
+        elif isinstance(item, Line):
+            draw.line(k(item.x1, item.y1, item.x2, item.y2), item.colour, round(item.width * scale))
+        else:
+            font = fonts.get(item.size) or fonts.setdefault(item.size, ImageFont.load_default(size=item.size * scale))
+            bold = max(1, scale // 2) if item.weight == "bold" else 0  # the default font has no bold face: thicken its strokes
+            draw.text(k(item.x, item.y), item.text, item.colour, font, anchor="ls" if item.anchor == "start" else "ms", stroke_width=bold, stroke_fill=item.colour)
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()

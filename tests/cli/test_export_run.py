@@ -186,9 +186,15 @@ def test_no_compile_then_compile_then_run(tmp_path):
     assert p.returncode == 2 and (existing / "notes.txt").read_text() == "keep me"
 
 
-def test_dualpipev_recipe_exports_path_transfers(tmp_path):
-    d = tmp_path / "dpv"
-    summary = json.loads(sharktank("export", "--recipe", ROOT / "exports" / "toy-llama-dualpipev.toml", "--no-compile", "--output-dir", d, "--json").stdout)
+@pytest.fixture(scope="module")
+def dualpipev(tmp_path_factory):
+    d = tmp_path_factory.mktemp("art") / "dpv"
+    p = sharktank("export", "--recipe", ROOT / "exports" / "toy-llama-dualpipev.toml", "--no-compile", "--output-dir", d, "--json")
+    return d, json.loads(p.stdout)
+
+
+def test_dualpipev_recipe_exports_path_transfers(dualpipev):
+    d, summary = dualpipev
     # Batch 2 = one microbatch per V path; each V (0->1->1->0, 2->3->3->2) crosses 2 device
     # boundaries. Inputs arrive on device 0: positions go to 1 (first V); tokens to 2 and
     # positions to 2 and 3 (second V). prefill_row_bs2 (one prompt, run along both Vs: the
@@ -198,6 +204,37 @@ def test_dualpipev_recipe_exports_path_transfers(tmp_path):
     mlir = (d / "model.mlir").read_text()
     hops = sorted(set(re.findall(r"flow\.tensor\.transfer .* to #hal\.device\.promise<@__device_(\d)>", mlir)))
     assert hops == ["0", "1", "2", "3"]
+
+
+def test_inspect_png_paints_each_path_of_the_dualpipev_drawing(dualpipev, tmp_path):
+    from PIL import Image
+
+    from sharktank.export.manifest import parameter_bytes_per_device, read_any
+    from sharktank.parallel.drawing import _COLOURS, scene
+
+    d, _ = dualpipev
+    text = sharktank("inspect", d, "--png", tmp_path / "plan.png", "--svg", tmp_path / "plan.svg").stdout
+    assert "path B: dev 2 -> dev 3 -> dev 3 -> dev 2" in text
+    m = read_any(d)
+    sc = scene(m.data["parallel"], parameter_bytes_per_device(m), title="dpv: tp=1 pp=4")
+    image = Image.open(tmp_path / "plan.png")
+    assert image.format == "PNG" and image.size == (2 * sc.width, 2 * sc.height)
+    counts = image.convert("RGB").getcolors(image.width * image.height)
+    near = lambda c: sum(n for n, px in counts if all(abs(a - int(c[i : i + 2], 16)) <= 12 for a, i in zip(px, (1, 3, 5))))  # noqa: E731
+    assert min(near(c) for c in _COLOURS[:2]) > 4 * 150 and near(_COLOURS[2]) == 0  # paths A and B (4 dots each), nothing green
+    assert 'stroke="#d62728"' in (tmp_path / "plan.svg").read_text()  # the SVG draws path B in the PNG's red
+
+
+def test_inspect_png_without_pillow_is_one_line_and_writes_nothing(dualpipev, tmp_path):
+    d, _ = dualpipev
+    code = ("import sys; sys.modules['PIL'] = None; from sharktank.cli import main; "  # as if Pillow were not installed
+            f"sys.exit(main(['inspect', {str(d)!r}, *sys.argv[1:]]))")
+    run = lambda *args: subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    p = run("--svg", tmp_path / "a.svg", "--png", tmp_path / "a.png")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "sharktank inspect: error: --png: writing a PNG needs Pillow (PIL is missing): pip install 'sharktank[draw]'"], p.stderr
+    assert not list(tmp_path.iterdir())  # neither picture: both are drawn before either is written
+    assert run("--svg", tmp_path / "a.svg").returncode == 0 and (tmp_path / "a.svg").exists()  # the SVG needs no Pillow
 
 
 def test_help_texts():
