@@ -97,21 +97,26 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
         leaves, spec = pytree.tree_flatten(entries)
         cache_devices = arg_devices((entries,))
 
-        def run(module, x, positions, mine):
+        def run(module, x, positions, mine, window=None):
             held = module.stages()
             if first:
                 h = model.embed(x, home, held[0][0])
             else:
                 x = x.view(torch.bfloat16) if model.dtype == torch.bfloat16 else x
                 h = ops.replicate(ReplicatedTensor(ts=[x], devices=(home,)), devices=held[0][0].devices)
-            h, new = model.forward_stages(h, positions, home, mine, 0, held, first=stages[0])
+            h, new = model.forward_stages(h, positions, home, mine, 0, held, first=stages[0], window=window)
             out = model.head(h, held[-1][0]) if last else _one_copy(h)
             if out.dtype == torch.bfloat16:
                 out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: pass the bits
             return out, new
 
-        def forward(module, x, positions, *cache_leaves):
+        def decode(module, x, positions, *cache_leaves):
             out, new = run(module, x, positions, pytree.tree_unflatten(list(cache_leaves), spec))
+            return (out, *pytree.tree_leaves(new))
+
+        def prefill(module, x, positions, *cache_leaves):
+            # A prompt from position 0 attends over its own S cache entries (export.llama).
+            out, new = run(module, x, positions, pytree.tree_unflatten(list(cache_leaves), spec), window=positions.shape[1])
             return (out, *pytree.tree_leaves(new))
 
         def forward_row(module, x, positions, row, *cache_leaves):
@@ -121,7 +126,7 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
             mine = pytree.tree_unflatten(list(cache_leaves), spec)
             row_on = row_index(row, home)
             old = row_slices(mine, lambda e: row_on(e.devices), fresh=True)
-            out, new = run(module, x, positions, old)
+            out, new = run(module, x, positions, old, window=positions.shape[1])
             new = [tuple(ops.index_put(e, [row_on(e.devices)], n) for e, n in zip(kv, nkv)) for kv, nkv in zip(mine, new)]
             return (out, *pytree.tree_leaves(new))
 
@@ -147,7 +152,7 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
                 s = torch.export.Dim("seq_len", min=2, max=t)
                 dynamic = ({1: s}, {1: s}, *([None] if kind == "prefill_row" else []), tuple([None] * len(leaves)))
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate([home] * len(named) + cache_devices)}
-            fn = forward_row if kind == "prefill_row" else forward
+            fn = {"prefill": prefill, "decode": decode, "prefill_row": forward_row}[kind]
             trace_program(fxb, fn, (*args, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=True, cpu_kernels=cpu_kernels)
             width = c.vocab_size if last else c.hidden_size
             out = {"name": "logits" if last else "hidden", "shape": [rows_in, s_dim, width], "dtype": wire}

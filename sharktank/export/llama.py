@@ -3,7 +3,9 @@
 Functions, for each batch size ``B``:
 
 - ``prefill_bs{B}(tokens[B, S], positions[B, S], *cache) -> (logits[B, S, vocab], *cache)``
-  with a dynamic sequence length ``S``;
+  with a dynamic sequence length ``S``: a prompt from position 0 (every position below ``S``),
+  attending over the cache's first ``S`` entries only (so its cost does not grow with the
+  exported cache length);
 - ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``;
 - for ``B > 1``, ``prefill_row_bs{B}(tokens[1, S], positions[1, S], row[1], *cache) ->
   (logits[1, S, vocab], *cache)``: one prompt prefilled into batch row ``row`` of the batch-B
@@ -323,7 +325,7 @@ def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: lis
         whole = n == batch  # one microbatch holds every row: no mask
         local = lambda c: row_on(c.devices) if whole else ops.elementwise(_local_row, row_on(c.devices), start=start, n=n)
         old = row_slices(entries[m], local, fresh=whole)
-        out, new = model.forward_path(tok, pos, old, path, stages)
+        out, new = model.forward_path(tok, pos, old, path, stages, window=tokens.shape[1])
         if not whole:
             keep = [ops.elementwise(_holds_row, row_on(kv[0].devices), start=start, n=n) for kv in new]
             new = [tuple(ops.elementwise(torch.where, h, c, o) for c, o in zip(kv, okv)) for kv, okv, h in zip(new, old, keep)]
@@ -360,14 +362,18 @@ def export_llama(
         leaves, spec, cache_devices = _flat_cache(cache)
         paths, rows = list(cache.paths), list(cache.rows)
 
-        def forward(module, tokens, positions, *cache_leaves):
-            return forward_masked(module, tokens, positions, None, cache_leaves)
+        def decode(module, tokens, positions, *cache_leaves):
+            return forward_masked(module, tokens, positions, None, cache_leaves, window=None)
 
-        def forward_rows(module, tokens, positions, lengths, *cache_leaves):
-            return forward_masked(module, tokens, positions, lengths, cache_leaves)
+        def prefill(module, tokens, positions, *cache_leaves):
+            return forward_masked(module, tokens, positions, None, cache_leaves, window=tokens.shape[1])
 
-        def forward_masked(module, tokens, positions, lengths, cache_leaves):
-            """prefill or decode; with ``lengths``, prefill_rows (a row's tokens past its length are padding)."""
+        def prefill_rows(module, tokens, positions, lengths, *cache_leaves):
+            return forward_masked(module, tokens, positions, lengths, cache_leaves, window=tokens.shape[1])
+
+        def forward_masked(module, tokens, positions, lengths, cache_leaves, window):
+            """prefill or decode; with ``lengths``, prefill_rows (a row's tokens past its length
+            are padding). ``window``: the cache entries attended (a prompt's ``S``; decode: all)."""
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             stages = module.stages()
             logits, new_entries = [], []
@@ -381,7 +387,7 @@ def export_llama(
                 if origin not in inputs:
                     inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in inputs[first_device])
                 tok, pos, *pad = (a[start : start + n] for a in inputs[origin])
-                out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad[0] if pad else None)
+                out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad[0] if pad else None, window=window)
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)
@@ -400,10 +406,10 @@ def export_llama(
         cache_args = cache_arg_specs(leaves, cache_devices)
         # kind -> (rows of tokens, example length, index arguments, traced function);
         # prefill_row(s)_bs1 would be prefill_bs1: exported only for batches of several rows.
-        kinds = {"prefill": (b, 8, (), forward), "decode": (b, 1, (), forward)}
+        kinds = {"prefill": (b, 8, (), prefill), "decode": (b, 1, (), decode)}
         if b > 1:
             kinds["prefill_row"] = (1, 8, (("row", [1]),), forward_row)
-            kinds["prefill_rows"] = (b, 8, (("lengths", [b]),), forward_rows)
+            kinds["prefill_rows"] = (b, 8, (("lengths", [b]),), prefill_rows)
         for kind, (rows_in, seq, extra, fn) in kinds.items():
             name = f"{kind}_bs{b}"
             tokens = torch.zeros(rows_in, seq, dtype=torch.int64)

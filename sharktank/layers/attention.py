@@ -3,7 +3,9 @@
 Shapes: ``x`` is ``[B, S, hidden]``; the cache of one block is a pair of ``[B, T, kv_heads,
 head_dim]`` tensors (split on the kv-head dim under tensor parallelism). New keys and values
 are written at ``positions`` (``[B, S]``) with a functional ``index_put``; queries attend to
-cache entries at or before their own position.
+cache entries at or before their own position, among the first ``window`` entries when a
+``window`` is given (a prompt from position 0 attends over its own ``S`` entries, not the whole
+cache: at a 4096-entry cache that is most of a short prompt's attention work).
 """
 
 from __future__ import annotations
@@ -45,13 +47,16 @@ def _entries_at(cache, positions, b: int, s: int):
 
 
 def attention(
-    x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None
+    x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None,
+    window=None,
 ):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
     optional ``q_bias``...), and optionally ``q_norm`` and ``k_norm``: Qwen3's ``[head_dim]``
     RMSNorm weights (epsilon ``eps``), applied to each q and k head before rotary. ``mask``:
-    :func:`causal_mask` of ``positions`` over the cache length, when the caller already has
-    it (blocks that share positions share it); computed here otherwise. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
+    :func:`causal_mask` of ``positions`` over the attended length, when the caller already has
+    it (blocks that share positions share it); computed here otherwise. ``window``: attend over
+    cache entries ``[0, window)`` only (an int, or a symbolic size while tracing; every position
+    must be below it); None: the whole cache. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
     and values are not kept: the cache entries they would write keep their contents (the
     old entries are read into the written values, so the write depends on the read).
     Returns ``(output, (k_cache, v_cache))``."""
@@ -71,16 +76,17 @@ def attention(
     k_cache = ops.index_put(cache[0], [rows, positions], k)
     v_cache = ops.index_put(cache[1], [rows, positions], v)
 
+    keys, values = (k_cache, v_cache) if window is None else (ops.narrow(c, 1, 0, window) for c in (k_cache, v_cache))
     if mask is None:
-        mask = causal_mask(positions, k_cache.shape[1])  # [B, 1, S, T]
+        mask = causal_mask(positions, keys.shape[1])  # [B, 1, S, T or window]
     dtype = q.dtype
     # Scores and softmax in float32 for half-precision models, as the references accumulate
     # (the op computes k and v in q's dtype).
     up = (lambda z: ops.to(z, torch.float32)) if dtype != torch.float32 else (lambda z: z)
     out = ops.scaled_dot_product_attention(
         up(ops.transpose(q, 1, 2)),
-        ops.transpose(k_cache, 1, 2),
-        ops.transpose(v_cache, 1, 2),
+        ops.transpose(keys, 1, 2),
+        ops.transpose(values, 1, 2),
         mask,
         enable_gqa=num_heads != num_kv_heads,
     )

@@ -32,7 +32,7 @@ from .index import index_put, index_select
 from .nn import attention_as_matmuls, attention_kernels, embedding_lookup, layer_norm, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
 from . import quantized as _quantized  # noqa: E402,F401  (registers quantized-weight rules)
-from .shape import cat, expand, flatten, permute, reshape, transpose, unflatten, view
+from .shape import cat, expand, flatten, narrow, permute, reshape, transpose, unflatten, view
 
 __all__ = [
     # dispatcher and placement
@@ -96,4 +96,5 @@ __all__ = [
     "transpose",
     "permute",
     "expand",
+    "narrow",
 ]

@@ -1,4 +1,4 @@
-"""View and shape ops: transpose, permute, reshape, view, flatten, unflatten, expand, cat.
+"""View and shape ops: transpose, permute, reshape, view, flatten, unflatten, expand, narrow, cat.
 
 Rule: replicated and unreduced tensors reshape shard by shard (a view is linear). A split
 tensor keeps its split: permutations carry the split dim along; a reshape may merge the
@@ -18,7 +18,7 @@ from ..types import ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, Unred
 from ._build import ShardingError, like, norm_dim, offsets, split_of
 from ._dispatch import sharded_op
 
-__all__ = ["transpose", "permute", "reshape", "view", "flatten", "unflatten", "expand", "cat"]
+__all__ = ["transpose", "permute", "reshape", "view", "flatten", "unflatten", "expand", "narrow", "cat"]
 
 AnyTensor = torch.Tensor | ShardedTensor
 
@@ -176,6 +176,25 @@ def _expand(t, shape):
         local[d] = -1
         out.append(s.expand(*local))
     return split_of(out, d, t.devices)
+
+
+@sharded_op()
+def narrow(t: AnyTensor, dim: int, start: int, length: int) -> AnyTensor:
+    """``torch.narrow``: ``length`` entries of ``dim`` from ``start`` (a view; ``length`` may
+    be a symbolic size while tracing). Sharded: each shard narrows alike; a split tensor
+    cannot be narrowed on its split dim (that would leave shards of different sizes)."""
+
+
+narrow.register(torch.Tensor)(torch.narrow)
+
+
+@narrow.register(ShardedTensor)
+def _narrow(t, dim, start, length):
+    d = norm_dim(dim, t.ndim)
+    split = t.shard_dim if isinstance(t, SplitPrimitiveTensor) else None
+    if split == d:
+        raise ShardingError(f"ops.narrow: cannot narrow the split dim {d} of {list(t.shape)}; all_gather or reshard first")
+    return like(t, [s.narrow(d, start, length) for s in t.shards], split)
 
 
 def _cat_key(tensors, dim=0):

@@ -266,6 +266,9 @@ class CompiledModel(PrefillDecode):
             raise InputError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
             raise InputError(f"position {int(positions.max())} is past the exported cache length {limit}")
+        if spec.kind != "decode" and int(positions.max()) >= tokens.shape[1]:
+            # A prefill attends over its own S cache entries (a prompt from position 0).
+            raise InputError(f"{spec.name} prefills a prompt from position 0: positions must be below its length {tokens.shape[1]}, found {int(positions.max())}")
         count = len(spec.cache_args)
         if not isinstance(cache, (list, tuple)) or len(cache) != count:
             found = len(cache) if isinstance(cache, (list, tuple)) else type(cache).__name__

@@ -151,7 +151,7 @@ def op_layout(g, pool):
     if a is None:
         return None
     r = a.ref.ndim
-    which = g.rng.choice(["transpose", "permute", "expand", "T"])
+    which = g.rng.choice(["transpose", "permute", "expand", "narrow", "T"])
     if which == "T" and r == 2 and isinstance(a.x, ShardedTensor):
         return Step("transpose", lambda: a.x.T, lambda: a.ref.T, [a.x])
     if which == "transpose" or r == 1 and which == "permute":
@@ -161,6 +161,11 @@ def op_layout(g, pool):
         perm = list(range(r))
         g.rng.shuffle(perm)
         return Step("permute", lambda: ops.permute(a.x, perm), lambda: a.ref.permute(*perm), [a.x])
+    if which == "narrow":
+        d = g.rng.randint(-r, r - 1)
+        start = g.rng.randint(0, a.ref.shape[d] - 1)  # at least one entry: later ops reduce
+        length = g.rng.randint(1, a.ref.shape[d] - start)
+        return Step("narrow", lambda: ops.narrow(a.x, d, start, length), lambda: a.ref.narrow(d, start, length), [a.x])
     shape = list(a.ref.shape)
     ones = [i for i, s in enumerate(shape) if s == 1]
     target = list(shape)

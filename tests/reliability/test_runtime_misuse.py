@@ -68,6 +68,9 @@ MISUSE = [
      lambda m: _decode(m, torch.tensor([5]), torch.tensor([8]), [np.zeros(3, np.float32)] * 8), ValueError, "tensor shape rank mismatch"),
     ("prefill with explicit positions of another shape", lambda m: m.forward("prefill", PROMPT, torch.arange(4)[None], m.new_cache(1)),
      InputError, "positions must be int64 of the tokens' shape"),
+    ("prefill at an offset (positions past the prompt's length)",
+     lambda m: m.forward("prefill", PROMPT, torch.arange(4, 4 + PROMPT.shape[1])[None], m.new_cache(1)), InputError,
+     "prefills a prompt from position 0: positions must be below its length"),
     ("a function kind the artifact lacks", lambda m: m.forward("train", PROMPT, torch.arange(8)[None], m.new_cache(1)), InputError,
      "no train function"),
 ]

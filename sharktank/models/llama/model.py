@@ -82,9 +82,11 @@ class LlamaModel:
         return cache
 
     # --- forward ---------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
-        new keys and values into ``cache`` (its entries are replaced, not mutated)."""
+        new keys and values into ``cache`` (its entries are replaced, not mutated).
+        ``window``: attend over the first ``window`` cache entries only (every position must be
+        below it; :meth:`prefill` passes ``S``); None: the whole cache."""
         if self.source.deferred:
             raise RuntimeError(
                 f"this model's weights are placeholders (deferred from {self.source.label}): it can be exported, "
@@ -96,29 +98,31 @@ class LlamaModel:
             raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
         if int(positions.min()) < 0:  # a negative index would write at the cache's far end
             raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
+        if window is not None and int(positions.max()) >= window:
+            raise ValueError(f"position {int(positions.max())} is past the attended window of {window} cache entries")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         logits = []
         for m, (path, (start, rows)) in enumerate(zip(cache.paths, cache.rows)):
             out, cache.entries[m] = self.forward_path(
-                tokens[start : start + rows], positions[start : start + rows], cache.entries[m], path
+                tokens[start : start + rows], positions[start : start + rows], cache.entries[m], path, window=window
             )
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None):
+    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
         the model's weights (export passes its module's parameters). ``tokens`` and
         ``positions`` are taken to live on the path's first device and are copied from there
         to every other device that reads them (a few bytes each), so no device reads
         another's memory and a compiler knows where every value lives. ``padding``: ``[B, S]``
         booleans living there too, True at tokens whose keys and values are not written
-        (``layers.attention``)."""
+        (``layers.attention``). ``window``: see :meth:`forward`."""
         stages = stages or self.stages
         route = self.plan.paths[path]
         home = self.input_device(path)
         x = self.embed(tokens, home, stages[0][route[0]])
-        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding)
+        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window)
         return self.head(x, stages[-1][route[-1]]), new_entries
 
     def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
@@ -127,11 +131,12 @@ class LlamaModel:
         tokens = ReplicatedTensor(ts=[tokens], devices=(home,))
         return ops.embedding_lookup(ops.replicate(tokens, devices=weights.devices), weights.embed)
 
-    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None):
+    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None, window=None):
         """The residual stream ``x`` through the blocks of stages ``first ..
         first + len(stages) - 1`` of ``path`` (``stages[i]``: the replicas of stage
         ``first + i``; ``entries``: the cache entries of exactly those blocks), with
-        ``positions`` (and ``padding``, see :meth:`forward_path`) living on device ``home``:
+        ``positions`` (and ``padding``, see :meth:`forward_path`) living on device ``home``,
+        attending over the first ``window`` cache entries (:meth:`forward`):
         ``(x, new cache entries)``."""
         c = self.config
         positions = ReplicatedTensor(ts=[positions], devices=(home,))
@@ -147,7 +152,8 @@ class LlamaModel:
                 angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
                 cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (rotary_cos, rotary_sin))
                 pad = ops.replicate(padding, devices=weights.devices) if padding is not None else None
-                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, entries[block][0].shape[1]), pad)
+                length = entries[block][0].shape[1] if window is None else window
+                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, length), pad)
             pos, cos, sin, mask, pad = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
@@ -156,7 +162,7 @@ class LlamaModel:
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask, padding=pad,
-                    eps=c.rms_norm_eps,
+                    eps=c.rms_norm_eps, window=window,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
@@ -189,7 +195,7 @@ class LlamaModel:
         """Logits for a prompt ``[B, S]`` from position 0 (filling ``cache`` when given)."""
         cache = cache or self.new_cache(tokens.shape[0], max(tokens.shape[1], 1))
         positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1)
-        return self.forward(tokens, positions, cache)
+        return self.forward(tokens, positions, cache, window=tokens.shape[1])
 
     def decode(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, 1, vocab]`` for one new token per sequence (``tokens`` ``[B]`` or

@@ -1,0 +1,50 @@
+"""A prefill attends over the prompt's own cache entries only (the ``window``), so what the
+cache holds past the prompt is never read: NaNs there leave the logits equal to a fresh
+cache's, and the eager model refuses positions past the window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sharktank.models import load_model
+from sharktank.types import ShardedTensor
+
+PROMPT = torch.tensor([[5, 17, 42, 3, 9, 60, 1, 33]])
+
+
+def _poison(cache, start: int):
+    """Every cache entry from position ``start`` on set to NaN (shards alike)."""
+    def nan_from(t):
+        t = t.clone()
+        t[:, start:] = float("nan")
+        return t
+
+    for m, entries in enumerate(cache.entries):
+        cache.entries[m] = [
+            tuple(type(c)(ts=[nan_from(s) for s in c.shards], devices=c.devices, pinned=c.pinned, **({"shard_dim": c.shard_dim} if hasattr(c, "shard_dim") else {}))
+                  if isinstance(c, ShardedTensor) else nan_from(c) for c in kv)
+            for kv in entries
+        ]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_prefill_never_reads_the_cache_past_the_prompt(tp):
+    model = load_model("toy-llama", tp=tp)
+    fresh = model.prefill(PROMPT, model.new_cache(1, 64))
+    poisoned = model.new_cache(1, 64)
+    _poison(poisoned, PROMPT.shape[1])
+    got = model.prefill(PROMPT, poisoned)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, fresh, rtol=0, atol=0)
+    # Without the window the same poisoned cache is read (NaN * 0 is NaN): the test can fail.
+    again = model.new_cache(1, 64)
+    _poison(again, PROMPT.shape[1])
+    positions = torch.arange(PROMPT.shape[1])[None, :]
+    assert torch.isnan(model.forward(PROMPT, positions, again)).any()
+
+
+def test_forward_refuses_positions_past_the_window():
+    model = load_model("toy-llama")
+    with pytest.raises(ValueError, match="past the attended window of 4 cache entries"):
+        model.forward(PROMPT[:, :4], torch.arange(2, 6)[None, :], model.new_cache(1, 16), window=4)
