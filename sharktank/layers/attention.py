@@ -46,6 +46,16 @@ def _entries_at(cache, positions, b: int, s: int):
     return ops.reshape(ops.index_select(flat, 0, ops.elementwise(_flat_entries, positions, length=t)), [b, s, *cache.shape[2:]])
 
 
+def _first_entries(cache, window):
+    """The cache's first ``window`` entries (dim 1). An int narrows (a view); a symbolic size
+    (tracing) gathers them instead: a view of symbolic length makes torch.export guard on its
+    contiguity (the view is contiguous only when ``window`` is the whole cache and the batch is
+    1), which would refuse a prompt as long as the cache."""
+    if isinstance(window, int):
+        return ops.narrow(cache, 1, 0, window)
+    return ops.index_select(cache, 1, torch.arange(window))
+
+
 def attention(
     x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None,
     window=None,
@@ -76,7 +86,7 @@ def attention(
     k_cache = ops.index_put(cache[0], [rows, positions], k)
     v_cache = ops.index_put(cache[1], [rows, positions], v)
 
-    keys, values = (k_cache, v_cache) if window is None else (ops.narrow(c, 1, 0, window) for c in (k_cache, v_cache))
+    keys, values = (k_cache, v_cache) if window is None else (_first_entries(c, window) for c in (k_cache, v_cache))
     if mask is None:
         mask = causal_mask(positions, keys.shape[1])  # [B, 1, S, T or window]
     dtype = q.dtype
