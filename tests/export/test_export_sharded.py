@@ -167,6 +167,29 @@ def test_model_without_gqa_exports_and_runs_like_eager(tmp_path, tp):
     assert (logits - want).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_batched_prefill_as_long_as_the_cache_exports_and_runs_like_eager(tmp_path, tp):
+    # Prefill attends over its own S cache entries. A view of that symbolic length made
+    # torch.export guard S against the cache length for batch > 1 and refused the export;
+    # one KV head per shard is the layout where no other dim decides the view's contiguity.
+    import dataclasses
+
+    from sharktank.export.artifact import export_artifact
+    from sharktank.models.llama.model import LlamaModel
+    from sharktank.models.llama.presets import PRESETS, random_theta
+    from sharktank.parallel import ParallelPlan
+    from sharktank.runtime import CompiledModel
+
+    config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1, num_kv_heads=tp)
+    model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, tp, 1))
+    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, 1 KV head per shard)", batch_sizes=(2,), max_seq_len=16)
+    tokens = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    got, _ = CompiledModel(tmp_path / "art").prefill(tokens)
+    want = model.prefill(tokens)
+    assert got.shape == want.shape == (2, 16, config.vocab_size)
+    assert (got - want).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("target", ["cuda", "hip"])
 def test_gpu_targets_compile_a_whole_model(tmp_path, target):
     # No GPU here: the exported model (attention as products) compiles for the GPU targets.
