@@ -85,7 +85,8 @@ def _reference(layout: str, m: int, dtype: torch.dtype) -> torch.Tensor:
     x = XS[m].to(dtype)
     if layout in INT16_X:  # the x these kernels multiply by
         order = KERNELS[layout].int16.order
-        x = int16_x.dequantized(*int16_x.quantize(x, order)[:2], order)
+        unit = KERNELS[layout].int16.unit
+        x = int16_x.dequantized(*int16_x.quantize(x, order, unit=unit)[:2], order, unit)
     return x.double() @ _gguf_values(WEIGHTS[layout]).T
 
 
@@ -195,13 +196,19 @@ def test_int16_x_dispatch_rounds_x_as_the_torch_scheme(compiled, layout, m, dtyp
     mlir, results = compiled
     kernel = KERNELS[layout]
     x = _rounding_x(XS[m]).to(dtype)
-    assert int16_x.function_name(m, K, str(dtype)[6:].replace("float32", "f32").replace("bfloat16", "bf16"), kernel.int16.order, kernel.sum_group) in mlir
-    planes, scales, sums = int16_x.quantize(x, kernel.int16.order, kernel.sum_group)
+    assert int16_x.function_name(m, K, str(dtype)[6:].replace("float32", "f32").replace("bfloat16", "bf16"), kernel.int16.order, kernel.sum_group, kernel.int16.unit) in mlir
+    planes, scales, sums = int16_x.quantize(x, kernel.int16.order, kernel.sum_group, kernel.int16.unit)
     assert torch.equal(results[(layout, m, dtype, "planes")], planes)
     assert torch.equal(results[(layout, m, dtype, "scales")], scales)
     # Each sum is of integers (exact in float32) times the scale: one rounding either way.
     assert torch.equal(results[(layout, m, dtype, "sums")], sums)
-    assert int(planes[:, :32].abs().sum() + planes[:, 256:288].abs().sum()) == 0 and not int16_x.dequantized(planes, scales, kernel.int16.order)[:, 65].any()
+    # Group 0 (all zeros) is zeros in both planes, wherever its pieces go; x[65] rounds to 0.
+    unit, plane = kernel.int16.unit, kernel.int16.plane
+    for start in (0, plane):
+        for piece in range(GROUP // unit):
+            at = start + unit * kernel.int16.order.index(piece)
+            assert not planes[:, at : at + unit].any(), (start, piece)
+    assert not int16_x.dequantized(planes, scales, kernel.int16.order, unit)[:, 65].any()
 
 
 @pytest.mark.skipif(not INTEGER_DOT, reason="the int16-x kernels need AVX512-VNNI (this host lacks it)")
@@ -235,3 +242,16 @@ def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():
     w = QuantizedTensor(LAYOUTS["Q8_0"], (4, 256), torch.zeros(4, 8, 34, dtype=torch.uint8))
     assert block_product(torch.randn(128, 256), w) is None
     assert block_product(torch.randn(8, 256), w) is not None
+
+
+def test_int16_x_pieces_smaller_than_a_group_are_placed_by_order():
+    # The legacy kernels' planes of 64 values hold 16-value pieces in order (0, 2, 1, 3): the
+    # same values as the natural order, each piece moved; dequantized undoes it.
+    x = XS[3]
+    natural, scales, sums = int16_x.quantize(x, (0, 1), unit=32)
+    planes, scales16, sums16 = int16_x.quantize(x, (0, 2, 1, 3), unit=16)
+    assert torch.equal(scales16, scales) and torch.equal(sums16, sums)
+    assert torch.equal(planes.reshape(3, K // 64, 2, 4, 16), natural.reshape(3, K // 64, 2, 4, 16)[:, :, :, [0, 2, 1, 3]])
+    assert torch.equal(int16_x.dequantized(planes, scales, (0, 2, 1, 3), 16), int16_x.dequantized(natural, scales, (0, 1)))
+    with pytest.raises(ValueError, match="whole groups"):
+        int16_x.plane_of((0, 1, 2), unit=16)

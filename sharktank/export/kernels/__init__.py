@@ -6,8 +6,8 @@ decode step's attention (:func:`decode_attention`, :mod:`.attention`).
 layout's dispatch (a file per layout, e.g. :mod:`.q8_0`, in the frame of
 :mod:`.product_dispatch`, itself in :mod:`.frame`, written with :mod:`.mlir`); other layouts
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
-form. The float-x kernels (Q8_0) take x as float32; the int16-x kernels (Q4_K, Q6_K) take it
-rounded to 16-bit integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's)
+form. The float-x kernel (Q8_0) takes x as float32; the int16-x kernels (the legacy 32-value
+layouts, :mod:`.block32`, and the K-quants) take it rounded to 16-bit integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's)
 for exact integer dot products with AVX512-VNNI, which is what lets them read the weights at
 about the machine's bandwidth. Imports iree-turbine (the custom op) only when a product is
 traced.

@@ -31,11 +31,18 @@ STACK_BYTES = 28 * 1024
 
 @dataclass(frozen=True)
 class Int16X:
-    """x as 16-bit integers (:mod:`.int16_x`): ``order``, the groups of each 256 values as
-    the kernel reads them; ``sum_group``, the values each of x's sums adds up."""
+    """x as 16-bit integers (:mod:`.int16_x`): ``order``, the ``unit``-value pieces of each
+    plane as the kernel reads them; ``sum_group``, the values each of x's sums adds up."""
 
     order: tuple[int, ...]
     sum_group: int = GROUP
+    unit: int = GROUP  # values per entry of ``order`` (a divisor of GROUP)
+
+    @property
+    def plane(self) -> int:
+        """Values per pair of planes (``unit`` per entry of ``order``): 256 for the K-quants'
+        super-blocks, 64 for the legacy layouts' pairs of 32-value blocks."""
+        return self.unit * len(self.order)
 
 
 def result_type(elem: str) -> str:
@@ -57,6 +64,9 @@ class BlockKernel:
     rows_at_once: int = 1
     accumulators: tuple[int, ...] = (32,)
     int16: Int16X | None = None  # None: float x
+    # Blocks one call of ``body`` takes (the loop steps by this many; K must hold a multiple):
+    # 2 lets a 32-value layout fill 64-byte vectors.
+    blocks_per_step: int = 1
 
     def __post_init__(self):
         if self.layout_name not in LAYOUTS:
@@ -121,8 +131,11 @@ class BlockKernel:
             return f"{what}: activations of type {elem} are not supported; expected one of {list(self.elements)}"
         if y not in RESULT_TYPES:
             return f"{what}: results of type {y} are not supported; expected one of {list(RESULT_TYPES)}"
-        if min(m, n, k) <= 0 or k % self.block_size:
-            return f"{what}: expected M, N >= 1 and K a multiple of the block size {self.block_size}, found M={m}, N={n}, K={k}"
+        step = self.block_size * self.blocks_per_step
+        if self.int16:
+            step = max(step, self.int16.plane)
+        if min(m, n, k) <= 0 or k % step:
+            return f"{what}: expected M, N >= 1 and K a multiple of {step}, found M={m}, N={n}, K={k}"
         scratch = 4 * self.rows_per_workgroup * m  # each tile row's result so far, per row of x
         if scratch > STACK_BYTES:
             return f"{what}: x [{m}, {k}] needs {scratch} bytes of scratch, more than the {STACK_BYTES} a dispatch may hold"

@@ -101,11 +101,11 @@ class _Int16BlockProduct(_BlockProduct):
         self._result(ksel, x.t.shape[0], blocks.t.shape[0], 4)
 
     def eager_execute(self, x, scales, sums, blocks, y):
-        return self._product(int16_x.dequantized(x, scales, self.kernel.int16.order), blocks).to(DTYPES[y])
+        return self._product(int16_x.dequantized(x, scales, self.kernel.int16.order, self.kernel.int16.unit), blocks).to(DTYPES[y])
 
 
 class _Int16X(CustomOp):
-    """``int16_x.quantize(x, order, sum_group)`` for ``kernel``: ``(planes, scales, sums)`` of
+    """``int16_x.quantize(x, order, sum_group, unit)`` for ``kernel``: ``(planes, scales, sums)`` of
     float ``x`` [M, K], as one dispatch (:func:`.int16_x.module_asm`)."""
 
     kernel: BlockKernel
@@ -113,8 +113,8 @@ class _Int16X(CustomOp):
     def select(self, ksel: KernelSelection):
         x = ksel.arg_tensor(0)
         torch._check(
-            x.t.ndim == 2 and x.t.shape[1] % int16_x.PLANE == 0 and x.t.dtype in ELEMENT_TYPES,
-            lambda: f"int16 x: expected float x [M, K] with K a multiple of {int16_x.PLANE}, found {list(x.t.shape)} ({x.t.dtype})",
+            x.t.ndim == 2 and x.t.shape[1] % self.kernel.int16.plane == 0 and x.t.dtype in ELEMENT_TYPES,
+            lambda: f"int16 x: expected float x [M, K] with K a multiple of {self.kernel.int16.plane}, found {list(x.t.shape)} ({x.t.dtype})",
         )
         x.specialize_all_dims()
         (m, k), per = x.t.shape, self.kernel.sum_group
@@ -122,11 +122,11 @@ class _Int16X(CustomOp):
             ksel.return_new_tensor(shape, dtype).specialize_all_dims()
 
     def eager_execute(self, x):
-        return int16_x.quantize(x, self.kernel.int16.order, self.kernel.sum_group)
+        return int16_x.quantize(x, self.kernel.int16.order, self.kernel.sum_group, self.kernel.int16.unit)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         x = ksel.arg_descs[0].t
-        args = dict(m=x.shape[0], k=x.shape[1], elem=ELEMENT_TYPES[x.dtype], order=self.kernel.int16.order, sum_group=self.kernel.sum_group)
+        args = dict(m=x.shape[0], k=x.shape[1], elem=ELEMENT_TYPES[x.dtype], order=self.kernel.int16.order, sum_group=self.kernel.sum_group, unit=self.kernel.int16.unit)
         _call(kb, int16_x.function_name(**args), int16_x.module_asm, **args)
 
 

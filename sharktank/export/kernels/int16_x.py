@@ -13,9 +13,10 @@ A kernel takes each ``v`` as two int8 bytes, ``v = 256 * high + low`` (``high`` 
 +-127, ``low`` within -128..127, which is why ``LIMIT`` is 127 * 256 + 127), because x86 has
 an unsigned-by-signed byte dot product (``vpdpbusd``, :func:`.syntax.int8_dot`) that takes
 the weights' unsigned values as they are: ``256 * dot(q, high) + dot(q, low)`` costs two of
-those for 64 values, against widening everything to 16 bits. Per 256 values of a row, the
-``planes`` tensor holds the 256 high bytes, then the 256 low bytes, each with its eight groups
-in the kernel's ``order``.
+those for 64 values, against widening everything to 16 bits. Per plane of a row (``32 *
+len(order)`` values: 256 for the K-quants, whose super-blocks have eight groups; 64 for the
+legacy 32-value layouts, whose kernels take two blocks at once), the ``planes`` tensor holds
+the plane's high bytes, then its low bytes, each with its groups in the kernel's ``order``.
 
 :func:`quantize` is the scheme in torch (the eager form, and the reference); :func:`module_asm`
 is the same as one hand-written dispatch, what export calls: in torch, IREE compiled each
@@ -31,19 +32,31 @@ from .block_kernel import GROUP
 from .frame import Operand, executable
 from .mlir import Emitter, Value, vector
 
-__all__ = ["LIMIT", "PLANE", "quantize", "dequantized", "function_name", "module_asm"]
+__all__ = ["LIMIT", "PLANE", "plane_of", "quantize", "dequantized", "function_name", "module_asm"]
 
 LIMIT = 127 * 256 + 127
-PLANE = 256  # values per pair of planes (a K-quant super-block)
+PLANE = 256  # values per pair of planes of the K-quants (a super-block); plane_of(order) in general
 
 
-def quantize(x: torch.Tensor, order: tuple[int, ...], sum_group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def plane_of(order: tuple[int, ...], unit: int = GROUP) -> int:
+    """Values per pair of planes for ``unit``-value pieces in ``order`` (a permutation of 0..len
+    - 1; ``unit`` divides GROUP: a group's pieces may go to different places)."""
+    if sorted(order) != list(range(len(order))):
+        raise ValueError(f"int16 x: order {order} is not a permutation of 0..{len(order) - 1}")
+    plane = unit * len(order)
+    if GROUP % unit or plane % GROUP:
+        raise ValueError(f"int16 x: pieces of {unit} values, {len(order)} a plane, do not make whole groups of {GROUP}")
+    return plane
+
+
+def quantize(x: torch.Tensor, order: tuple[int, ...], sum_group: int = GROUP, unit: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(planes, scales, sums)`` of float ``x`` ``[m, k]``: int8 ``[m, 2k]``, float32 ``[m,
     k/32]`` and ``[m, k/sum_group]`` (the sums of every ``sum_group`` values, a divisor of 32);
-    ``order``: the groups of each 256 values as the kernel reads them."""
+    ``order``: the ``unit``-value pieces of each plane (:func:`plane_of`) as the kernel reads them."""
     m, k = x.shape
-    if k % PLANE:
-        raise ValueError(f"int16 x: K={k} is not a multiple of {PLANE}")
+    plane = plane_of(order, unit)
+    if k % plane:
+        raise ValueError(f"int16 x: K={k} is not a multiple of {plane}")
     g = x.float().reshape(m, k // GROUP, GROUP)
     top = g.abs().amax(-1, keepdim=True)
     # A division (LIMIT / top would be torch's 1 / top * LIMIT, two roundings), as the dispatch.
@@ -54,26 +67,27 @@ def quantize(x: torch.Tensor, order: tuple[int, ...], sum_group: int = GROUP) ->
     high = torch.floor((v + 128) / 256)
     low = v - 256 * high
     planes = torch.stack([high, low], 1).to(torch.int8)  # [m, 2, k/32, 32]
-    planes = planes.reshape(m, 2, k // PLANE, PLANE // GROUP, GROUP)[:, :, :, list(order)]
+    planes = planes.reshape(m, 2, k // plane, plane // unit, unit)[:, :, :, list(order)]
     return planes.permute(0, 2, 1, 3, 4).reshape(m, 2 * k), scales, sums
 
 
-def dequantized(planes: torch.Tensor, scales: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+def dequantized(planes: torch.Tensor, scales: torch.Tensor, order: tuple[int, ...], unit: int = GROUP) -> torch.Tensor:
     """The float32 ``x`` a kernel multiplies by: ``(256 * high + low) * scale`` per value."""
-    m, k = planes.shape[0], planes.shape[1] // 2
-    p = planes.reshape(m, k // PLANE, 2, PLANE // GROUP, GROUP).float()
+    m, k, plane = planes.shape[0], planes.shape[1] // 2, plane_of(order, unit)
+    p = planes.reshape(m, k // plane, 2, plane // unit, unit).float()
     v = 256 * p[:, :, 0] + p[:, :, 1]
     v = v[:, :, [order.index(j) for j in range(len(order))]].reshape(m, k // GROUP, GROUP)
     return (v * scales.unsqueeze(-1)).reshape(m, k)
 
 
-def function_name(m: int, k: int, elem: str, order: tuple[int, ...], sum_group: int) -> str:
-    return f"sharktank_int16_x_{m}x{k}_{elem}_o{''.join(map(str, order))}_s{sum_group}"
+def function_name(m: int, k: int, elem: str, order: tuple[int, ...], sum_group: int, unit: int = GROUP) -> str:
+    pieces = "" if unit == GROUP else f"_u{unit}"
+    return f"sharktank_int16_x_{m}x{k}_{elem}_o{''.join(map(str, order))}_s{sum_group}{pieces}"
 
 
-def _group(e: Emitter, at: dict[str, Value], mem: dict[str, Value], elem: str, j: int, p: int, sum_group: int) -> None:
-    """Group ``j`` of the super-block at ``at["k"]`` (its planes at ``at["k2"]``), stored at
-    position ``p``."""
+def _group(e: Emitter, at: dict[str, Value], mem: dict[str, Value], elem: str, j: int, places: list[int], sum_group: int, plane: int) -> None:
+    """Group ``j`` of the plane at ``at["k"]`` (its planes at ``at["k2"]``), its pieces stored
+    at value offsets ``places`` of the plane."""
     v, vi, vb = vector(32, "f32"), vector(32, "i32"), vector(32, "i8")
     row, c = at["row"], e.const
     col = e.binary("arith.addi", at["k"], c(GROUP * j), "col")
@@ -90,9 +104,12 @@ def _group(e: Emitter, at: dict[str, Value], mem: dict[str, Value], elem: str, j
     vi_ = e.cast("arith.fptosi", rounded, vi, "vi")
     high = e.binary("arith.shrsi", e.binary("arith.addi", vi_, c(128, vi), "hp"), c(8, vi), "h")  # floor((v + 128) / 256)
     low = e.binary("arith.subi", vi_, e.binary("arith.shli", high, c(8, vi), "hs"), "l")
-    for plane, value in ((0, high), (PLANE, low)):
-        where = e.binary("arith.addi", at["k2"], c(plane + GROUP * p), "pc")
-        e.store(e.cast("arith.trunci", value, vb, "b"), mem["planes"], [row, where])
+    unit = GROUP // len(places)
+    for start, value in ((0, high), (plane, low)):
+        value = e.cast("arith.trunci", value, vb, "b")
+        for piece, place in enumerate(places):
+            part = value if unit == GROUP else e.slice(value, piece * unit, unit, "bp")
+            e.store(part, mem["planes"], [row, e.binary("arith.addi", at["k2"], c(start + place), "pc")])
     e.store_scalar(scale, mem["scales"], [row, e.binary("arith.addi", at["g8"], c(j), "g")])
     per = GROUP // sum_group
     for h in range(per):  # sums of the rounded values (exact in float32), times the scale
@@ -101,14 +118,15 @@ def _group(e: Emitter, at: dict[str, Value], mem: dict[str, Value], elem: str, j
         e.store_scalar(total, mem["sums"], [row, e.binary("arith.addi", at["s8"], c(j * per + h), "si")])
 
 
-def module_asm(m: int, k: int, elem: str, order: tuple[int, ...], sum_group: int) -> str:
+def module_asm(m: int, k: int, elem: str, order: tuple[int, ...], sum_group: int, unit: int = GROUP) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>) -> (planes, scales,
     sums)``, :func:`quantize`'s results (``elem``: f32, bf16 or f16), and its dispatch: one
-    workgroup per row of x, a loop over its super-blocks of 256 values."""
-    if k % PLANE:
-        raise ValueError(f"int16 x: K={k} is not a multiple of {PLANE}")
-    if sorted(order) != list(range(PLANE // GROUP)) or GROUP % sum_group:
-        raise ValueError(f"int16 x: order {order} is not a permutation of 0..7, or {sum_group} does not divide {GROUP}")
+    workgroup per row of x, a loop over its planes (:func:`plane_of` values each)."""
+    plane = plane_of(order, unit)
+    if k % plane:
+        raise ValueError(f"int16 x: K={k} is not a multiple of {plane}")
+    if GROUP % sum_group:
+        raise ValueError(f"int16 x: {sum_group} does not divide {GROUP}")
     outputs = [Operand("planes", (m, 2 * k), "i8"), Operand("scales", (m, k // GROUP), "f32"), Operand("sums", (m, k // sum_group), "f32")]
 
     def body(e: Emitter, row: Value, views: list[Value]) -> None:
@@ -116,13 +134,15 @@ def module_asm(m: int, k: int, elem: str, order: tuple[int, ...], sum_group: int
         c = e.const
 
         def super_block(b: Value, _):
-            kcol = e.binary("arith.muli", b, c(PLANE), "k")
+            kcol = e.binary("arith.muli", b, c(plane), "k")
             at = dict(row=row, k=kcol, k2=e.binary("arith.addi", kcol, kcol, "k2"))
-            at["g8"] = e.binary("arith.muli", b, c(8), "g8")
-            at["s8"] = e.binary("arith.muli", b, c(8 * (GROUP // sum_group)), "s8")
-            for p in range(len(order)):
-                _group(e, at, mem, elem, order[p], p, sum_group)
+            groups, per = plane // GROUP, GROUP // unit
+            at["g8"] = e.binary("arith.muli", b, c(groups), "g8")
+            at["s8"] = e.binary("arith.muli", b, c(groups * (GROUP // sum_group)), "s8")
+            for j in range(groups):  # piece u of the plane (natural order) goes to place order.index(u)
+                places = [unit * order.index(j * per + i) for i in range(per)]
+                _group(e, at, mem, elem, j, places, sum_group, plane)
 
-        e.for_(c(0), c(k // PLANE), c(1), super_block, hint="b")
+        e.for_(c(0), c(k // plane), c(1), super_block, hint="b")
 
-    return executable(function_name(m, k, elem, order, sum_group), m, [Operand("x", (m, k), elem)], outputs, body)
+    return executable(function_name(m, k, elem, order, sum_group, unit), m, [Operand("x", (m, k), elem)], outputs, body)

@@ -50,17 +50,27 @@ class Block:
         """The first accumulator's type (``kernel.width`` float32 lanes)."""
         return vector(self.kernel.width, "f32")
 
-    def byte(self, offset: int, lanes: int, hint: str = "q") -> Value:
-        """The ``lanes`` bytes (``vector<lanes x i8>``) at ``offset`` of the block."""
-        return self.e.load(self.w, [self.row, self.b, self.e.const(offset)], vector(lanes, "i8"), hint)
+    def _block(self, block: int) -> Value:
+        """The index of the step's block ``block`` (0 .. ``kernel.blocks_per_step`` - 1)."""
+        if not 0 <= block < self.kernel.blocks_per_step:
+            raise ValueError(f"block {block} of a step of {self.kernel.blocks_per_step}")
+        return self.b if block == 0 else self.e.binary("arith.addi", self.b, self.e.const(block), "bn")
 
-    def halves(self, offset: int, count: int = 1) -> list[Value]:
-        """The ``count`` float16 numbers at ``offset`` of the block, as float32 scalars."""
+    def byte(self, offset: int, lanes: int, hint: str = "q", block: int = 0) -> Value:
+        """The ``lanes`` bytes (``vector<lanes x i8>``) at ``offset`` of the step's block ``block``."""
+        return self.e.load(self.w, [self.row, self._block(block), self.e.const(offset)], vector(lanes, "i8"), hint)
+
+    def halves(self, offset: int, count: int = 1, block: int = 0) -> list[Value]:
+        """The ``count`` float16 numbers at ``offset`` of the step's block ``block``, as float32 scalars."""
+        f = self.half_vector(offset, count, block)
+        return [self.e.extract(f, i, "d") for i in range(count)]
+
+    def half_vector(self, offset: int, count: int, block: int = 0) -> Value:
+        """(vector<count x f32>) the ``count`` float16 numbers at ``offset`` of the step's block ``block``."""
         e = self.e
-        raw = self.byte(offset, 2 * count, "hb")
+        raw = self.byte(offset, 2 * count, "hb", block)
         h = e.cast("vector.bitcast", raw, vector(count, "f16"), "h")
-        f = e.cast("arith.extf", h, vector(count, "f32"), "hf")
-        return [e.extract(f, i, "d") for i in range(count)]
+        return e.cast("arith.extf", h, vector(count, "f32"), "hf")
 
     def prefetch(self, ahead: int) -> None:
         """Prefetch the block ``ahead`` blocks on (past a row's end: the next row's). The
@@ -91,15 +101,16 @@ class Block:
 
     def x16_dot(self, i: int, unsigned: Value, at: int) -> Value:
         """(vector<16xf32>) the exact integer products of the 64 ``unsigned`` bytes with int16
-        x's 64 values from ``at`` in the super-block (row ``i``), summed in groups of 4 (lane j:
+        x's 64 values from ``at`` in the plane (row ``i``), summed in groups of 4 (lane j:
         values 4j..4j+3): ``256 * dot(u, high) + dot(u, low)``, two ``vpdpbusd``. The planes
-        of each 256 values: 256 high bytes, then 256 low."""
+        of each ``plane`` values (:attr:`.Int16X.plane`): its high bytes, then its low ones;
+        the step's first value ``k`` starts a plane."""
         e, v64 = self.e, vector(64, "i8")
         if self._k2 is None:
             self._k2 = e.binary("arith.addi", self.k, self.k, "k2")
         high_at = e.binary("arith.addi", self._k2, e.const(at), "col")
         high = e.load(self.x, [self.rows[i], high_at], v64, "xh")
-        low_at = e.binary("arith.addi", self._k2, e.const(256 + at), "col")
+        low_at = e.binary("arith.addi", self._k2, e.const(self.kernel.int16.plane + at), "col")
         low = e.load(self.x, [self.rows[i], low_at], v64, "xl")
         i32 = vector(16, "i32")
         dh = e.int8_dot(e.const(0, i32), unsigned, high, "dh")
@@ -165,7 +176,9 @@ def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: lis
     # weight row's partial sums kept in sums), not all of K, when x is large (M=8: 64 KiB).
     # One row of x goes in one pass: a 2048x8192 Q8_0 product took 1.02 ms so against 1.25 ms
     # in passes of 16 KiB (interleaved rounds), the weight rows then read in one stream each.
-    chunk = c(nb if m == 1 else max(1, X_CHUNK_BYTES // (m * kernel.block_size * ELEMENT_BYTES[elem])))
+    step = kernel.blocks_per_step  # blocks per body call; nb is a multiple (refusal)
+    blocks = nb if m == 1 else max(1, X_CHUNK_BYTES // (m * kernel.block_size * ELEMENT_BYTES[elem]))
+    chunk = c(max(step, blocks // step * step))
 
     def tile_rows(i: Value) -> tuple[list[Value], list[Value]]:
         # The tile's rows go `together` at a time, copy r taking the r-th of as many equal
@@ -198,7 +211,7 @@ def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: lis
                     out += [v for row_accs in blk.current for v in row_accs]
                 return out
 
-            accs = e.for_(b0, b1, c(1), block_loop, inits, hint="b")
+            accs = e.for_(b0, b1, c(step), block_loop, inits, hint="b")
             for r in range(together):
                 for j in range(m):
                     total = None

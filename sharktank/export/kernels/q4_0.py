@@ -1,11 +1,10 @@
 """The Q4_0 block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch: per
 18-byte block of 32 values, ``d`` (float16) and 16 bytes of 4-bit ``q``; ``x = d * (q - 8)``,
-formed in float32 and multiplied with float x (:mod:`.block32`)."""
+two blocks a step with int16 x (:mod:`.block32`)."""
 
 from __future__ import annotations
 
-from .block32 import affine_product, nibbles
-from .block_kernel import BlockKernel
+from .block32 import legacy_kernel, nibble_pair, pair_product, pair_scales
 from .mlir import vector
 from .product_dispatch import Block
 
@@ -14,9 +13,8 @@ __all__ = ["KERNEL"]
 
 def _body(blk: Block) -> None:
     e = blk.e
-    q = e.binary("arith.subi", nibbles(blk, 2), e.const(8, vector(32, "i8")), "q")
-    (d,) = blk.halves(0)
-    affine_product(blk, q, True, d)
+    (d,) = pair_scales(blk, 1)
+    pair_product(blk, nibble_pair(blk, 2), d, e.binary("arith.mulf", d, e.const(-8.0, vector(2, "f32")), "m"))
 
 
-KERNEL = BlockKernel("Q4_0", _body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,))
+KERNEL = legacy_kernel("Q4_0", _body)

@@ -1,11 +1,10 @@
 """The Q5_0 block product ``x @ dequantize(w).T`` as one hand-written CPU dispatch: per
 22-byte block of 32 values, ``d`` (float16), 4 bytes of fifth bits and 16 bytes of low 4
-bits; ``x = d * (q - 16)``, formed in float32 and multiplied with float x (:mod:`.block32`)."""
+bits; ``x = d * (q - 16)``, two blocks a step with int16 x (:mod:`.block32`)."""
 
 from __future__ import annotations
 
-from .block32 import affine_product, fifth_bits, nibbles
-from .block_kernel import BlockKernel
+from .block32 import fifth_bit_pair, legacy_kernel, nibble_pair, pair_product, pair_scales
 from .mlir import vector
 from .product_dispatch import Block
 
@@ -14,10 +13,9 @@ __all__ = ["KERNEL"]
 
 def _body(blk: Block) -> None:
     e = blk.e
-    q = e.binary("arith.ori", nibbles(blk, 6), fifth_bits(blk, 2), "q")
-    q = e.binary("arith.subi", q, e.const(16, vector(32, "i8")), "q")
-    (d,) = blk.halves(0)
-    affine_product(blk, q, True, d)
+    (d,) = pair_scales(blk, 1)
+    q = e.binary("arith.ori", nibble_pair(blk, 6), fifth_bit_pair(blk, 2), "q")
+    pair_product(blk, q, d, e.binary("arith.mulf", d, e.const(-16.0, vector(2, "f32")), "m"))
 
 
-KERNEL = BlockKernel("Q5_0", _body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,))
+KERNEL = legacy_kernel("Q5_0", _body)

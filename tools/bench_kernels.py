@@ -1,0 +1,113 @@
+"""Decode-shaped block products through the CPU kernels (``export.kernels.block_product``),
+one layout at a time: ``--weights`` random weights of ``--shape NxK`` (float16 scales within
++-1e-3) in one compiled function with one row of float32 x (their products summed), so that
+each call reads every weight once, as a decode step does. Printed per layout: us per product
+(median over rounds, and the range), the block bytes read per second, and the result's
+largest error against float64 ``x @ dequantize(w).T`` relative to its largest value.
+
+    python tools/bench_kernels.py [--shape 2048x2048] [--layouts Q4_0,Q4_1,Q4_K] [--rounds 5]
+        [--against CHECKOUT]
+
+``--against CHECKOUT``: the same measurement of another checkout's kernels (its ``sharktank``
+package first on ``PYTHONPATH``), the two run alternately in subprocesses, ``--pairs`` times, so
+that a slow spell of the machine hits both; each printed line names its side. Not a test:
+nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int) -> list[str]:
+    from sharktank.export import compile_mlir, export_function
+    from sharktank.export.compile import QUANTIZED_FLAGS
+    from sharktank.export.kernels import block_product
+    from sharktank.runtime import Session
+    from sharktank.types import LAYOUTS, QuantizedTensor
+
+    cases = {}
+    for name in layouts:
+        lay = LAYOUTS[name]
+        rng = np.random.default_rng(0)
+        blocks = []
+        for _ in range(weights):
+            raw = rng.integers(0, 256, size=(n, k // lay.block_size, lay.block_bytes), dtype=np.uint8)
+            raw[..., :4] = (rng.uniform(-1, 1, (n, k // lay.block_size, 2)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, -1, 4)
+            blocks.append(torch.from_numpy(raw))
+
+        def fn(x, *bs, lay=lay):
+            ys = [block_product(x, QuantizedTensor(lay, (n, k), b)) for b in bs]
+            if any(y is None for y in ys):
+                raise SystemExit(f"{lay.name} {n}x{k}: no kernel takes this product here")
+            return sum(ys[1:], ys[0])
+
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))
+        session = Session(compile_mlir(str(export_function(fn, (x, *blocks)).mlir_module), 1, extra=QUANTIZED_FLAGS), 1)
+        args = [session.place(x.numpy(), 0)] + [session.place(b.numpy(), 0) for b in blocks]
+        want = sum(x.double() @ QuantizedTensor(lay, (n, k), b).dequantize().double().T for b in blocks).numpy()
+        got = np.asarray(session.invoke("main", args)[0].to_host())
+        cases[name] = (session, args, float(np.abs(got - want).max() / np.abs(want).max()), n * k // lay.block_size * lay.block_bytes)
+    times = {name: [] for name in layouts}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name in layouts:
+            session, args, _, _ = cases[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                session.invoke("main", args)[0].to_host()
+            times[name].append((time.perf_counter() - t0) / calls / weights * 1e6)
+    lines = []
+    for name in layouts:
+        t, (_, _, err, nbytes) = times[name][1:], cases[name]
+        med = statistics.median(t)
+        lines.append(f"{name} {n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="2048x2048", help="NxK of each weight (default 2048x2048)")
+    parser.add_argument("--layouts", default="Q4_0,Q4_1,Q5_0,Q5_1,Q4_K", help="comma-separated block layouts (default Q4_0,Q4_1,Q5_0,Q5_1,Q4_K)")
+    parser.add_argument("--weights", type=int, default=8, help="weights per function, read in turn (default 8)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up (default 5)")
+    parser.add_argument("--calls", type=int, default=20, help="calls per layout and round (default 20)")
+    parser.add_argument("--against", type=Path, help="another checkout to measure alternately with this one")
+    parser.add_argument("--pairs", type=int, default=2, help="with --against: alternations (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        n, k = (int(v) for v in args.shape.split("x"))
+    except ValueError:
+        parser.error(f"--shape: expected NxK, found {args.shape!r}")
+    layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
+    if args.against is None:
+        for line in measure(n, k, layouts, args.weights, args.rounds, args.calls):
+            print(line, flush=True)
+        return 0
+    if not (args.against / "sharktank" / "__init__.py").is_file():
+        parser.error(f"--against: expected a checkout holding sharktank/__init__.py, found {args.against}")
+    here = Path(__file__).resolve().parent.parent
+    child = [sys.executable, str(Path(__file__).resolve()), "--shape", args.shape, "--layouts", ",".join(layouts),
+             "--weights", str(args.weights), "--rounds", str(args.rounds), "--calls", str(args.calls)]
+    for pair in range(args.pairs):
+        for side, root in (("this", here), ("against", args.against.resolve())):
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            out = subprocess.run(child, env=env, cwd="/", capture_output=True, text=True, timeout=1800)
+            if out.returncode:
+                sys.stderr.write(out.stderr[-2000:])
+                return out.returncode
+            for line in out.stdout.splitlines():
+                print(f"[{side} {pair + 1}] {line}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
