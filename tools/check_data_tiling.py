@@ -8,7 +8,9 @@ attention. This script shows it, so the choice can be re-checked after an IREE u
     python tools/check_data_tiling.py [--model toy-llama-3l] [--rounds 200]
 
 For each path it compiles the same exported MLIR, runs prefill (8 tokens) and one decode
-step, and prints the largest logit error against eager torch and the median call times.
+step, and prints the largest logit error against eager torch and the median call times (or
+the compiler's first error for a path that does not compile: with IREE 3.10 the
+dispatch-creation path now fails on these multi-device modules' parameter globals).
 """
 
 from __future__ import annotations
@@ -56,8 +58,14 @@ def main() -> int:
         print(f"{args.model}: max |compiled - eager| of the logits, median ms per call (local-task)")
         for name, flag in PATHS.items():
             flags = [flag if f == PATHS["global-opt (used)"] else f for f in compile_flags(manifest.device_count)]
+            try:
+                vmfb = ic.compile_str(mlir, extra_args=flags)
+            except ic.CompilerToolError as e:  # a path that does not compile is a finding too
+                first = next((line for line in str(e).splitlines() if "error:" in line), str(e).splitlines()[0])
+                print(f"  {name:<20} does not compile: {first.strip()[:160]}")
+                continue
             # A new file renamed into place: the previous module is still mapped.
-            (art / "next.vmfb").write_bytes(ic.compile_str(mlir, extra_args=flags))
+            (art / "next.vmfb").write_bytes(vmfb)
             os.replace(art / "next.vmfb", art / "model.vmfb")
             m = CompiledModel(art, verify=False)  # the module is not the one the manifest hashed
             logits, c = m.prefill(tokens)
