@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..serving.scheduler import DEFAULT_CHUNK_TOKENS
 from .common import CliError, add_runtime_options, follow_rank0, multi_host, open_model, text_dir
 
 __all__ = ["add_parser", "cmd_serve", "API_KEY_ENV", "SHUTDOWN_GRACE_S"]
@@ -18,6 +19,21 @@ HELP = "serve a compiled directory over an OpenAI-compatible HTTP API"  # the li
 API_KEY_ENV = "SHARKTANK_API_KEY"
 # Seconds uvicorn lets open requests finish when it stops (Ctrl-C, SIGTERM, a lost host).
 SHUTDOWN_GRACE_S = 5
+
+
+def _chunk(text: str) -> int | None:
+    """``--prefill-chunk``: a positive number of tokens, or ``off``."""
+    if text == "off":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected a number of tokens >= 1 or 'off', found {text!r}")
+    return n
 
 
 def _serve_loader(args, distributed: bool, held: dict):
@@ -37,7 +53,7 @@ def _serve_loader(args, distributed: bool, held: dict):
         except DistributedError:
             held["rc"] = 3
             raise
-        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue)
+        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue, chunk_tokens=args.prefill_chunk)
         return engine, tokenizer
 
     return load
@@ -124,6 +140,12 @@ def add_parser(sub) -> None:
     v.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one, printed when ready)")
     v.add_argument("--max-batch", dest="max_batch", type=int, help="requests generating at once: one of the exported batch sizes (default the largest)")
     v.add_argument("--max-queue", dest="max_queue", type=int, default=64, help="requests waiting for a free batch row before new ones get 429 (default 64)")
+    v.add_argument(
+        "--prefill-chunk", dest="prefill_chunk", type=_chunk, default=DEFAULT_CHUNK_TOKENS, metavar="TOKENS",
+        help=f"prompt tokens prefilled per step between decode steps (default {DEFAULT_CHUNK_TOKENS}; 'off': whole prompts): a long prompt "
+        "holds running streams up by one chunk a step, and a new request reuses the longest prefix of its prompt a free batch row "
+        "still holds. Needs an artifact with prefill_chunk functions (exported since they exist, one microbatch); others prefill whole prompts",
+    )
     v.add_argument("--model-name", dest="model_name", help="the model id clients send and /v1/models lists (default DIR's name)")
     v.add_argument("--api-key", dest="api_key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on every /v1 route (401 otherwise); default: the "
         f"{API_KEY_ENV} environment variable (safer: a command line is visible to other users). /health and /metrics stay open "

@@ -12,6 +12,13 @@ Functions, for each batch size ``B``:
   cache (the row starts afresh: zeros past the prompt), every other row left as it was
   (continuous batching admits a request into a free row this way). For ``B = 1`` it would be
   ``prefill_bs1``, so it is not exported.
+- ``prefill_chunk_bs{B}(tokens[1, C], positions[1, C], row[1], span[W], *cache) ->
+  (logits[1, C, vocab], *cache)``, for every ``B`` when the cache is one microbatch (one
+  path): a chunk of one prompt at positions ``W - C .. W - 1`` written into batch row ``row``,
+  attending over that row's first ``W`` entries (the entries earlier chunks or calls wrote, and
+  its own). ``span``'s length is ``W`` (the runtime passes ``arange(W)``; its values are not
+  read). Chunked prefill and a prompt that continues a row's cached prefix use it; the row's
+  other entries and every other row are left as they were.
 
 Logits and cache are in the model's dtype; bfloat16 logits are returned as their int16 bits
 (numpy, and so the IREE Python runtime, has no bfloat16), which the runtime reinterprets.
@@ -396,6 +403,13 @@ def export_llama(
                 out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: return the bits
             return (out, *flat_new)
 
+        def prefill_chunk(module, tokens, positions, row, span, *cache_leaves):
+            entries = pytree.tree_unflatten(list(cache_leaves), spec)
+            out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=span.shape[0], rows=row)
+            if out.dtype == torch.bfloat16:
+                out = out.view(torch.int16)
+            return (out, *pytree.tree_leaves([new]))
+
         def forward_row(module, tokens, positions, row, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
@@ -410,17 +424,21 @@ def export_llama(
         if b > 1:
             kinds["prefill_row"] = (1, 8, (("row", [1]),), forward_row)
             kinds["prefill_rows"] = (b, 8, (("lengths", [b]),), prefill_rows)
+        if len(paths) == 1:  # a runtime row in one of several microbatches is not built yet
+            kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"])), prefill_chunk)
         for kind, (rows_in, seq, extra, fn) in kinds.items():
             name = f"{kind}_bs{b}"
             tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
             positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
             named = [("tokens", tokens, [rows_in, 1 if kind == "decode" else "S"]), ("positions", positions, [rows_in, 1 if kind == "decode" else "S"])]
-            named += [(n, torch.zeros(shape, dtype=torch.int64), shape) for n, shape in extra]
+            named += [(n, torch.zeros([seq + 4 if d == "W" else d for d in shape], dtype=torch.int64), shape) for n, shape in extra]
             args = (*(a for _, a, _ in named), *leaves)
             dynamic = None
             if kind != "decode":
                 s = torch.export.Dim("seq_len", min=2, max=t)
-                dynamic = ({1: s}, {1: s}, *([None] * len(extra)), tuple([None] * len(leaves)))
+                w = torch.export.Dim("window", min=2, max=t)
+                extra_dims = [{0: w} if shape == ["W"] else None for _, shape in extra]
+                dynamic = ({1: s}, {1: s}, *extra_dims, tuple([None] * len(leaves)))
             devices = [first_device] * len(named) + cache_devices
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
             trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls, cpu_kernels=cpu_kernels)

@@ -6,9 +6,10 @@ Two formats:
 
 - ``sharktank.artifact`` (:class:`Manifest`): one compiled program over ``device_count``
   devices. Its ``functions`` are named ``{kind}_bs{B}`` (:func:`function_name`): ``prefill``,
-  ``decode`` and, for ``B > 1``, ``prefill_row`` and ``prefill_rows``; each takes its arguments
-  in the order of :attr:`FunctionSpec.args` (tokens or the hidden state, positions, then
-  ``row`` or ``lengths`` where the kind has one, then the ``cache.N`` arrays).
+  ``decode``, for ``B > 1`` ``prefill_row`` and ``prefill_rows``, and (single-microbatch
+  programs exported since it existed) ``prefill_chunk``; each takes its arguments in the order
+  of :attr:`FunctionSpec.args` (tokens or the hidden state, positions, then ``row``,
+  ``lengths`` or ``row`` and ``span`` where the kind has them, then the ``cache.N`` arrays).
 - ``sharktank.hosts`` (:class:`HostsManifest`): a multi-host artifact, one ``sharktank.artifact``
   program per host in ``host_N/``, each entry naming its directory and its manifest's sha256.
 
@@ -36,7 +37,7 @@ __all__ = [
 ARTIFACT_FORMAT = "sharktank.artifact"
 HOSTS_FORMAT = "sharktank.hosts"
 # The kinds of exported functions, in the order an artifact lists them.
-KINDS = ("prefill", "decode", "prefill_row", "prefill_rows")
+KINDS = ("prefill", "decode", "prefill_row", "prefill_rows", "prefill_chunk")
 _NAME = re.compile(r"(?P<kind>[a-z_]+)_bs(?P<batch>[1-9][0-9]*)")
 
 
@@ -62,7 +63,8 @@ def parse_function_name(name: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class ArgSpec:
     """One argument of an exported function: its name (``tokens``, ``positions``, ``row``,
-    ``lengths``, ``cache.N``...), shape (``"S"`` for the dynamic length), dtype and device."""
+    ``lengths``, ``span``, ``cache.N``...), shape (``"S"`` for the dynamic length, ``"W"`` for a
+    chunk's attended window), dtype and device."""
 
     name: str
     shape: tuple[int | str, ...]

@@ -46,6 +46,26 @@ def _entries_at(cache, positions, b: int, s: int):
     return ops.reshape(ops.index_select(flat, 0, ops.elementwise(_flat_entries, positions, length=t)), [b, s, *cache.shape[2:]])
 
 
+def _row_entries(rows: torch.Tensor, *, length: int, window) -> torch.Tensor:
+    """``[B * window]``: the flat index (cache viewed as ``[B_cache * length, ...]``) of entries
+    ``0..window-1`` of each cache row in ``rows`` (``[B]``)."""
+    return (rows[:, None] * length + torch.arange(window)[None, :]).reshape(-1)
+
+
+def _rows_like(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return rows[:, None].expand(positions.shape)
+
+
+def _window_of_rows(cache, rows, window):
+    """Entries ``0..window-1`` (all when None) of cache rows ``rows``: ``[B, window, kv, hd]``,
+    one ``index_select`` of the flattened cache."""
+    b, t = rows.shape[0], cache.shape[1]
+    w = t if window is None else window
+    flat = ops.reshape(cache, [cache.shape[0] * t, *cache.shape[2:]])
+    picked = ops.index_select(flat, 0, ops.elementwise(_row_entries, rows, length=t, window=w))
+    return ops.reshape(picked, [b, w, *cache.shape[2:]])
+
+
 def _first_entries(cache, window):
     """The cache's first ``window`` entries (dim 1). An int narrows (a view); a symbolic size
     (tracing) gathers them instead: a view of symbolic length makes torch.export guard on its
@@ -58,7 +78,7 @@ def _first_entries(cache, window):
 
 def attention(
     x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None,
-    window=None,
+    window=None, rows=None,
 ):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
     optional ``q_bias``...), and optionally ``q_norm`` and ``k_norm``: Qwen3's ``[head_dim]``
@@ -66,7 +86,9 @@ def attention(
     :func:`causal_mask` of ``positions`` over the attended length, when the caller already has
     it (blocks that share positions share it); computed here otherwise. ``window``: attend over
     cache entries ``[0, window)`` only (an int, or a symbolic size while tracing; every position
-    must be below it); None: the whole cache. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
+    must be below it); None: the whole cache. ``rows`` (``[B]`` int64, plain or replicated): the
+    cache row each input row reads and writes (a chunk of one prompt into row ``r`` of a
+    batch cache); None: input row ``i`` is cache row ``i``. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
     and values are not kept: the cache entries they would write keep their contents (the
     old entries are read into the written values, so the write depends on the read).
     Returns ``(output, (k_cache, v_cache))``."""
@@ -79,14 +101,19 @@ def attention(
         q, k = ops.rms_norm(q, w["q_norm"], epsilon=eps), ops.rms_norm(k, w["k_norm"], epsilon=eps)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
-    rows = torch.arange(b)[:, None].expand(b, s)
+    if rows is not None and padding is not None:
+        raise ValueError("attention takes rows or padding, not both")
+    at_rows = torch.arange(b)[:, None].expand(b, s) if rows is None else ops.elementwise(_rows_like, rows, positions)
     if padding is not None:
         pad = ops.reshape(padding, [b, s, 1, 1])  # broadcasts over the (maybe split) heads
         k, v = (ops.elementwise(_keep_padding, pad, _entries_at(c, positions, b, s), z) for c, z in zip(cache, (k, v)))
-    k_cache = ops.index_put(cache[0], [rows, positions], k)
-    v_cache = ops.index_put(cache[1], [rows, positions], v)
+    k_cache = ops.index_put(cache[0], [at_rows, positions], k)
+    v_cache = ops.index_put(cache[1], [at_rows, positions], v)
 
-    keys, values = (k_cache, v_cache) if window is None else (_first_entries(c, window) for c in (k_cache, v_cache))
+    if rows is not None:
+        keys, values = (_window_of_rows(c, rows, window) for c in (k_cache, v_cache))
+    else:
+        keys, values = (k_cache, v_cache) if window is None else (_first_entries(c, window) for c in (k_cache, v_cache))
     if mask is None:
         mask = causal_mask(positions, keys.shape[1])  # [B, 1, S, T or window]
     dtype = q.dtype

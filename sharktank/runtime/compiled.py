@@ -137,6 +137,40 @@ class PrefillDecode:
         out, cache = self.forward("prefill_rows", tokens, positions, cache, lengths=lengths)
         return [out[row, : len(prompt)] for prompt, row in zip(prompts, rows)], cache
 
+    def prefill_chunk(self, prompt: Sequence[int], start: int, end: int, row: int, cache: list) -> tuple[torch.Tensor, list]:
+        """``(logits [end - start, vocab], cache)``: ``prompt[start:end]`` (token ids) written into
+        batch row ``row`` at positions ``start .. end - 1``, attending over the row's entries
+        ``0 .. end - 1``; entries before ``start`` must hold ``prompt[:start]`` (an earlier chunk,
+        or a prefix the row already holds). Chunked prefill calls it once per chunk; the other
+        rows, and the row's entries from ``end`` on, are left as they were.
+
+        The exported chunk is at least 2 tokens: a one-token chunk is run as the two tokens
+        ending at it (the earlier token's entries are rewritten with what they hold, up to
+        rounding), and a one-token prompt as itself plus a dummy token at position 1, which the
+        sequence's next write (its first decode step) replaces before anything reads it."""
+        batch = self._cache_batch(cache)
+        spec = self.find("prefill_chunk", batch)
+        if spec is None:
+            raise InputError(f"no prefill_chunk function for batch size {batch} (artifacts of several microbatches, or exported before it existed, have none)")
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise InputError(f"the prompt must be a list of integer token ids, found {prompt!r:.80}")
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, row))
+        if not ints or not 0 <= start < end <= len(prompt):
+            raise InputError(f"start and end must be integers with 0 <= start < end <= {len(prompt)} (the prompt's length), found {start!r} and {end!r}")
+        if not 0 <= row < batch:
+            raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
+        if max(end, 2) > spec.max_seq_len:
+            raise InputError(f"a chunk ending at position {end - 1} is past the exported cache length {spec.max_seq_len}")
+        ids, first = list(prompt[start:end]), start
+        if len(ids) == 1 and start > 0:
+            ids, first = [prompt[start - 1], *ids], start - 1
+        elif len(ids) == 1:
+            ids = [*ids, 0]
+        tokens = torch.tensor([ids], dtype=torch.int64)
+        positions = torch.arange(first, first + len(ids))[None, :]
+        out, cache = self.forward("prefill_chunk", tokens, positions, cache, batch=batch, row=row, span=first + len(ids))
+        return out[0, start - first : start - first + end - start], cache
+
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
         if not (isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor)) or tokens.numel() != positions.numel():
@@ -266,7 +300,7 @@ class CompiledModel(PrefillDecode):
             raise InputError(f"positions must be >= 0, found {int(positions.min())}")
         if int(positions.max()) >= limit:
             raise InputError(f"position {int(positions.max())} is past the exported cache length {limit}")
-        if spec.kind != "decode" and int(positions.max()) >= tokens.shape[1]:
+        if spec.kind not in ("decode", "prefill_chunk") and int(positions.max()) >= tokens.shape[1]:
             # A prefill attends over its own S cache entries (a prompt from position 0).
             raise InputError(f"{spec.name} prefills a prompt from position 0: positions must be below its length {tokens.shape[1]}, found {int(positions.max())}")
         count = len(spec.cache_args)
@@ -284,6 +318,7 @@ class CompiledModel(PrefillDecode):
         batch: int | None = None,
         row: int | None = None,
         lengths: list[int] | None = None,
+        span: int | None = None,
     ) -> tuple[torch.Tensor, list]:
         """One call of ``{kind}_bs{batch}`` (``batch``: by default the tokens' rows; ``row``:
         the batch row a ``prefill_row`` function writes; ``lengths``: each row's real tokens,
@@ -294,7 +329,7 @@ class CompiledModel(PrefillDecode):
         devices = [a.device for a in spec.args]
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
-        for extra in ([row] if row is not None else None, lengths):
+        for extra in ([row] if row is not None else None, lengths, list(range(span)) if span is not None else None):
             if extra is not None:
                 inputs.append(self.session.place(np.array(extra, np.int64), devices[len(inputs)]))
         out = self.session.invoke(spec.name, [*inputs, *cache])

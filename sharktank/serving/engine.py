@@ -20,6 +20,12 @@ step writes entry ``p`` before reading up to ``p``, so every entry it can see is
 previous or dummy occupant left at ``p' > p`` is masked out, and every row's computation (norms,
 products, attention) stays within the row.
 
+With chunked prefill (the default where the artifact has ``prefill_chunk``) a row is not
+prefilled afresh: it may keep a previous request's entries as a prefix the new prompt shares
+(the scheduler's prefix reuse), and entries past what a row's request wrote are stale rather
+than zero; the same causal-mask argument covers them, and a free row's dummy write goes just
+past the tokens it holds (the scheduler's ``_dummy_position``), not to position 0.
+
 The model is anything with :class:`~sharktank.runtime.compiled.PrefillDecode`'s interface:
 a :class:`CompiledModel`, or rank 0's ``DistributedModel`` of a multi-host artifact, which
 sends each call down the pipeline of hosts. When the loop has nothing to run it calls
@@ -42,7 +48,7 @@ from ..text.sampling import Sampler, SamplingParams
 from .events import EngineError, ErrorKind, Event, FinishReason, QueueFull
 from .plan import DecodeBatch, PrefillCall, StepPlan, StepResults
 from .request import Request
-from .scheduler import Scheduler
+from .scheduler import DEFAULT_CHUNK_TOKENS, Scheduler
 
 __all__ = ["QueueFull", "Event", "FinishReason", "EngineError", "ErrorKind", "Request", "EngineStats", "Engine"]
 
@@ -51,6 +57,7 @@ __all__ = ["QueueFull", "Event", "FinishReason", "EngineError", "ErrorKind", "Re
 IDLE_WAIT_S = 0.05
 STOP_TIMEOUT_S = 1.0
 _STOPPED = "the engine stopped before this request finished"
+
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,11 @@ class EngineStats:
 class Engine:
     """Continuous batching of :class:`Request` s over ``batch_size`` cache rows of ``model``."""
 
-    def __init__(self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64):
+    def __init__(self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64, chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS):
+        """``chunk_tokens``: chunked prefill with prefix reuse, at most this many prompt tokens
+        prefilled per step (:class:`~sharktank.serving.scheduler.Scheduler`), when the model has
+        a ``prefill_chunk`` function for the batch size; None, or a model without one: whole
+        prompts, each row prefilled afresh."""
         functions = model.functions
         sizes = sorted(b for b in {f.batch_size for f in functions.values()} if model.find("decode", b) and (b == 1 or model.find("prefill_row", b)))
         if not sizes:
@@ -81,7 +92,13 @@ class Engine:
         self.max_seq_len = model.find("decode", batch_size).max_seq_len
         self.vocab_size = model.vocab_size
         self._cache = model.new_cache(batch_size)
-        self._scheduler = Scheduler(batch_size, max_queue=max_queue, batched_prefill=model.find("prefill_rows", batch_size) is not None)
+        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+            raise ValueError(f"chunk_tokens must be an integer >= 1 or None, found {chunk_tokens!r}")
+        self.chunk_tokens = chunk_tokens if model.find("prefill_chunk", batch_size) is not None else None
+        self._scheduler = Scheduler(
+            batch_size, max_queue=max_queue, batched_prefill=model.find("prefill_rows", batch_size) is not None,
+            chunk_tokens=self.chunk_tokens, max_seq_len=self.max_seq_len,
+        )
         self._samplers: dict[int, Sampler] = {}  # request id -> its sampler, from its prefill to its last event
         self._lock = threading.Lock()  # guards _scheduler and _stopped
         self._wake = threading.Event()
@@ -193,10 +210,15 @@ class Engine:
         return StepResults(tokens, errors)
 
     def _prefill(self, call: PrefillCall, tokens: dict[int, int], errors: dict[int, EngineError]) -> None:
-        if any(p.start != 0 or not p.last for p in call.rows):
-            raise NotImplementedError("a prefill chunk (start > 0 or short of the prompt's end) needs a paged cache")
         try:
-            logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache)
+            if self.chunk_tokens is not None:  # chunked mode: one chunk a call
+                (p,) = call.rows
+                out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache)
+                logits = [out]
+                if not p.last:
+                    return
+            else:
+                logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache)
         except ModelLost:
             raise
         except Exception as e:  # these requests fail; the scheduler frees their rows

@@ -16,9 +16,10 @@ __all__ = ["PrefillRow", "PrefillCall", "DecodeBatch", "StepPlan", "StepResults"
 @dataclass(frozen=True)
 class PrefillRow:
     """``request.prompt[start:end]`` written into cache row ``row`` at positions ``start..end-1``.
-    Today every prefill is a whole prompt (``start`` 0, ``end`` the prompt's length); chunked
-    prefill will plan ``start > 0`` or ``end`` short of the prompt, and only the chunk that
-    reaches the prompt's end yields a first token."""
+    Without chunked prefill every prefill is a whole prompt (``start`` 0, ``end`` the prompt's
+    length); in chunked mode ``start`` may be past a reused prefix or an earlier chunk and
+    ``end`` short of the prompt, and only the chunk that reaches the prompt's end yields a first
+    token."""
 
     request: Request
     row: int

@@ -54,6 +54,8 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
         want_transfers[f"prefill_row_bs{batch}"] = transfers + 7
         # prefill_rows: the padding mask goes where the positions go (the 7 other devices)
         want_transfers[f"prefill_rows_bs{batch}"] = transfers + 7
+    if name != "dualpipev":  # one microbatch: prefill_chunk, whose row index goes to the other device
+        want_transfers[f"prefill_chunk_bs{batch}"] = transfers + 1
     assert manifest.transfers == want_transfers
     compiled = CompiledModel(out)
     tokens = torch.tensor([[3, 14, 15, 9, 2, 6], [5, 35, 8, 9, 7, 9]])[:batch]

@@ -34,7 +34,8 @@ def test_export_summary_and_manifest(tp2pp2):
     # Per function: 4 blocks x 2 all_reduces x 2 transfers (two devices swap shards), 1 stage
     # boundary x 2 shards, 1 LM-head gather, and the inputs from device 0: tokens to 1,
     # positions to 1, 2 and 3.
-    assert summary["transfers"] == {"prefill_bs1": 23, "decode_bs1": 23}
+    # prefill_chunk also sends the row index from device 0 to the 3 others
+    assert summary["transfers"] == {"prefill_bs1": 23, "decode_bs1": 23, "prefill_chunk_bs1": 23 + 3}
     assert summary["device_count"] == 4 and summary["module_bytes"] > 0 and summary["compile_seconds"] > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["parallel"]["tp"] == 2 and manifest["parallel"]["pp"] == 2

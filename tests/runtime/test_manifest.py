@@ -41,7 +41,7 @@ def test_what_export_writes_reads_back_typed(written):
     m = Manifest.read(out)
     assert isinstance(returned, Manifest) and returned.data == m.data  # export returns what it wrote, read back
     assert m.data == json.loads((out / "manifest.json").read_text())
-    assert sorted(m.functions) == ["decode_bs1", "decode_bs2", "prefill_bs1", "prefill_bs2", "prefill_row_bs2", "prefill_rows_bs2"]
+    assert sorted(m.functions) == ["decode_bs1", "decode_bs2", "prefill_bs1", "prefill_bs2", "prefill_chunk_bs1", "prefill_chunk_bs2", "prefill_row_bs2", "prefill_rows_bs2"]
     assert m.batch_sizes == (1, 2) and m.max_seq_len == 16 and m.device_count == 2 and m.dtype == "float32"
     assert m.find("prefill_row", 1) is None and m.find("train", 1) is None  # batch 1 needs no row function
     row = m.find("prefill_row", 2)

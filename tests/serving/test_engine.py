@@ -178,7 +178,7 @@ def test_prefill_row_tp2_pp2(tmp_path):
     manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16)
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
     # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3.
-    assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3}
+    assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3, "prefill_chunk_bs2": 23 + 3}
     assert [a.name for a in manifest.find("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
     assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")
@@ -206,11 +206,13 @@ def test_prefill_row_tp2_pp2(tmp_path):
 
 
 # --- the engine ---------------------------------------------------------------------------
-def test_concurrent_requests_match_each_alone(compiled, engines):
+@pytest.mark.parametrize("chunk_tokens", [None, 256, 3])
+def test_concurrent_requests_match_each_alone(compiled, engines, chunk_tokens):
     # Expectations first: the test calls the model only while no engine does.
     lengths = [5 + (3 * i) % 9 for i in range(8)]
     want = [greedy(compiled, prompt, n) for prompt, n in zip(PROMPTS, lengths)]
-    engine = engines(max_queue=16)
+    engine = engines(max_queue=16, chunk_tokens=chunk_tokens)
+    assert engine.chunk_tokens == chunk_tokens  # the artifact has prefill_chunk
     assert (engine.batch_size, engine.max_seq_len, engine.vocab_size) == (4, T, 256)
     sampled = SamplingParams(max_tokens=9, temperature=0.9, top_k=40, seed=5)
     alone = run_alone(engine, PROMPTS[2], sampled).ids
@@ -237,7 +239,7 @@ def test_requests_arriving_together_are_prefilled_in_one_call(compiled, engines)
     want = [greedy(compiled, PROMPTS[i], 6) for i in range(6)]
     calls = []  # the rows of each prefill_rows call
     model = Hooked(compiled, "prefill_rows", lambda n: None, record=calls)
-    engine = engines(model=model, start=False)
+    engine = engines(model=model, start=False, chunk_tokens=None)
     collectors = [Collect() for _ in range(6)]
     # 6 requests, 4 rows: 4 prefilled together, then 2 (half the rows) in one one-row call each
     for i, c in enumerate(collectors):
@@ -255,6 +257,18 @@ def test_reused_row_shows_nothing_of_its_previous_request(engines):
     long = run_alone(engine, PROMPTS[7], SamplingParams(max_tokens=T - len(PROMPTS[7])))  # row 0, to the cache's end
     assert long.reason == "length" and len(long.ids) == T - len(PROMPTS[7])
     assert run_alone(engine, PROMPTS[0], params).ids == fresh  # row 0 again
+
+
+def test_a_prompt_sharing_a_finished_requests_tokens_prefills_only_the_rest(compiled, engines):
+    starts = []  # the start of each prefill_chunk call
+    engine = engines(model=Hooked(compiled, "prefill_chunk", lambda n: None, record=starts), batch_size=1)
+    first = run_alone(engine, PROMPTS[3], SamplingParams(max_tokens=4)).ids
+    follow = PROMPTS[3] + first[:2] + [(first[2] + 1) % 256]  # the row holds PROMPTS[3] and first[:3]
+    want = greedy(compiled, follow, 5)
+    assert run_alone(engine, follow, SamplingParams(max_tokens=5)).ids == want
+    assert starts == [0, len(PROMPTS[3]) + 2]
+    other = run_alone(engine, PROMPTS[5], SamplingParams(max_tokens=5)).ids  # nothing shared: from 0
+    assert starts[-1] == 0 and other == greedy(compiled, PROMPTS[5], 5)
 
 
 def test_stop_token_ends_with_reason_stop(compiled, engines):
@@ -325,7 +339,8 @@ def test_submit_refuses_what_the_model_cannot_take(engines):
 
 class Hooked:
     """The compiled model, with ``hook(n)`` run before its ``n``-th call of ``name``
-    (``record``: a list that gets each call's second argument, the rows of ``prefill_rows``)."""
+    (``record``: a list that gets each call's second argument: the rows of ``prefill_rows``,
+    the start of ``prefill_chunk``)."""
 
     def __init__(self, model, name: str, hook, record: list | None = None):
         self.model, self.name, self.hook, self.calls, self.record = model, name, hook, 0, record
@@ -339,7 +354,7 @@ class Hooked:
             self.calls += 1
             self.hook(self.calls)
             if self.record is not None:
-                self.record.append(list(args[1]))
+                self.record.append(list(args[1]) if isinstance(args[1], (list, tuple)) else args[1])
             return fn(*args, **kwargs)
 
         return call
@@ -366,10 +381,10 @@ def _raise_at_first(n: int) -> None:
         raise RuntimeError("device lost (injected)")
 
 
-@pytest.mark.parametrize("name", ["decode", "prefill_rows"])
+@pytest.mark.parametrize("name", ["decode", "prefill_rows", "prefill_chunk"])
 def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(compiled, engines, name):
     want = greedy(compiled, PROMPTS[1], 4)
-    engine = engines(model=Hooked(compiled, name, _raise_at_first))
+    engine = engines(model=Hooked(compiled, name, _raise_at_first), chunk_tokens=None if name == "prefill_rows" else 4)
     failed = run_alone(engine, PROMPTS[0], SamplingParams(max_tokens=4))
     assert failed.events[-1] == Event(None, "error", f"{'decode' if name == 'decode' else 'prefill'} failed: RuntimeError: device lost (injected)")
     assert run_alone(engine, PROMPTS[1], SamplingParams(max_tokens=4)).ids == want

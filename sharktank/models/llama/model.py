@@ -82,11 +82,15 @@ class LlamaModel:
         return cache
 
     # --- forward ---------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
         new keys and values into ``cache`` (its entries are replaced, not mutated).
         ``window``: attend over the first ``window`` cache entries only (every position must be
-        below it; :meth:`prefill` passes ``S``); None: the whole cache."""
+        below it; :meth:`prefill` passes ``S``); None: the whole cache. ``rows`` (``[B]`` int64):
+        the cache row of each input row (e.g. one prompt's chunk into row 3 of a batch-4 cache;
+        a cache of one microbatch only); None: input row ``i`` is cache row ``i``."""
         if self.source.deferred:
             raise RuntimeError(
                 f"this model's weights are placeholders (deferred from {self.source.label}): it can be exported, "
@@ -102,6 +106,14 @@ class LlamaModel:
             raise ValueError(f"position {int(positions.max())} is past the attended window of {window} cache entries")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        if rows is not None:
+            batch = sum(n for _, n in cache.rows)
+            if len(cache.paths) != 1:
+                raise ValueError(f"rows needs a cache of one microbatch, found {len(cache.paths)} (paths {cache.paths})")
+            if rows.shape != (tokens.shape[0],) or int(rows.min()) < 0 or int(rows.max()) >= batch:
+                raise ValueError(f"rows must be [B] = [{tokens.shape[0]}] cache rows in [0, {batch}), found {rows.tolist()}")
+            out, cache.entries[0] = self.forward_path(tokens, positions, cache.entries[0], 0, window=window, rows=rows)
+            return out
         logits = []
         for m, (path, (start, rows)) in enumerate(zip(cache.paths, cache.rows)):
             out, cache.entries[m] = self.forward_path(
@@ -110,19 +122,19 @@ class LlamaModel:
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None):
+    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None, rows=None):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
         the model's weights (export passes its module's parameters). ``tokens`` and
         ``positions`` are taken to live on the path's first device and are copied from there
         to every other device that reads them (a few bytes each), so no device reads
         another's memory and a compiler knows where every value lives. ``padding``: ``[B, S]``
         booleans living there too, True at tokens whose keys and values are not written
-        (``layers.attention``). ``window``: see :meth:`forward`."""
+        (``layers.attention``). ``window`` and ``rows`` (living there too): see :meth:`forward`."""
         stages = stages or self.stages
         route = self.plan.paths[path]
         home = self.input_device(path)
         x = self.embed(tokens, home, stages[0][route[0]])
-        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window)
+        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window, rows=rows)
         return self.head(x, stages[-1][route[-1]]), new_entries
 
     def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
@@ -131,16 +143,19 @@ class LlamaModel:
         tokens = ReplicatedTensor(ts=[tokens], devices=(home,))
         return ops.embedding_lookup(ops.replicate(tokens, devices=weights.devices), weights.embed)
 
-    def forward_stages(self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None, window=None):
+    def forward_stages(
+        self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None, window=None, rows=None
+    ):
         """The residual stream ``x`` through the blocks of stages ``first ..
         first + len(stages) - 1`` of ``path`` (``stages[i]``: the replicas of stage
         ``first + i``; ``entries``: the cache entries of exactly those blocks), with
         ``positions`` (and ``padding``, see :meth:`forward_path`) living on device ``home``,
-        attending over the first ``window`` cache entries (:meth:`forward`):
+        attending over the first ``window`` cache entries of cache rows ``rows`` (:meth:`forward`):
         ``(x, new cache entries)``."""
         c = self.config
         positions = ReplicatedTensor(ts=[positions], devices=(home,))
         padding = ReplicatedTensor(ts=[padding], devices=(home,)) if padding is not None else None
+        rows = ReplicatedTensor(ts=[rows], devices=(home,)) if rows is not None else None
         new_entries = []
         block = 0
         # Device group -> positions, rotary cos and sin, causal mask there (once per group).
@@ -152,9 +167,10 @@ class LlamaModel:
                 angles = ops.elementwise(rotary_angles, pos, inv_freq=self.inv_freq)
                 cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (rotary_cos, rotary_sin))
                 pad = ops.replicate(padding, devices=weights.devices) if padding is not None else None
+                at = ops.replicate(rows, devices=weights.devices) if rows is not None else None
                 length = entries[block][0].shape[1] if window is None else window
-                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, length), pad)
-            pos, cos, sin, mask, pad = per_group[weights.devices]
+                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, length), pad, at)
+            pos, cos, sin, mask, pad, at = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])
@@ -162,7 +178,7 @@ class LlamaModel:
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask, padding=pad,
-                    eps=c.rms_norm_eps, window=window,
+                    eps=c.rms_norm_eps, window=window, rows=at,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)
