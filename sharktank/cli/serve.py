@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..serving.scheduler import DEFAULT_CHUNK_TOKENS
 from .common import CliError, add_runtime_options, follow_rank0, multi_host, open_model, text_dir
 
 __all__ = ["add_parser", "cmd_serve", "API_KEY_ENV", "SHUTDOWN_GRACE_S"]
@@ -128,6 +127,9 @@ def cmd_serve(args) -> int:
 
 def add_parser(sub) -> None:
     """Declare `sharktank serve` on the subcommand set ``sub``."""
+    # Imported here: the serving package reaches torch, which `sharktank --help` must not load.
+    from ..serving.scheduler import DEFAULT_CHUNK_TOKENS
+
     v = sub.add_parser(
         NAME, help=HELP,
         description="Load DIR and serve /v1/completions, /v1/chat/completions (when the tokenizer has a chat template), "

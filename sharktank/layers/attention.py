@@ -42,8 +42,8 @@ def _entries_at(cache, positions, b: int, s: int):
     """``cache[rows, positions]`` (``[B, S, kv, hd]``) as one ``index_select`` of the flattened
     cache (IREE 3.10 does not lower indexing by two tensors)."""
     t = cache.shape[1]
-    flat = ops.reshape(cache, [b * t, *cache.shape[2:]])
-    return ops.reshape(ops.index_select(flat, 0, ops.elementwise(_flat_entries, positions, length=t)), [b, s, *cache.shape[2:]])
+    flat = ops.flatten(cache, 0, 1)
+    return ops.unflatten(ops.index_select(flat, 0, ops.elementwise(_flat_entries, positions, length=t)), 0, [b, s])
 
 
 def _row_entries(rows: torch.Tensor, *, length: int, window) -> torch.Tensor:
@@ -61,9 +61,9 @@ def _window_of_rows(cache, rows, window):
     one ``index_select`` of the flattened cache."""
     b, t = rows.shape[0], cache.shape[1]
     w = t if window is None else window
-    flat = ops.reshape(cache, [cache.shape[0] * t, *cache.shape[2:]])
+    flat = ops.flatten(cache, 0, 1)
     picked = ops.index_select(flat, 0, ops.elementwise(_row_entries, rows, length=t, window=w))
-    return ops.reshape(picked, [b, w, *cache.shape[2:]])
+    return ops.unflatten(picked, 0, [b, w])
 
 
 def _first_entries(cache, window):
@@ -94,9 +94,13 @@ def attention(
     Returns ``(output, (k_cache, v_cache))``."""
     b, s = positions.shape
     x = ops.reshape(x, [b * s, x.shape[-1]])  # one 2-D input for the three products
-    q = ops.reshape(ops.linear(x, w["q"], w.get("q_bias")), [b, s, num_heads, head_dim])
-    k = ops.reshape(ops.linear(x, w["k"], w.get("k_bias")), [b, s, num_kv_heads, head_dim])
-    v = ops.reshape(ops.linear(x, w["v"], w.get("v_bias")), [b, s, num_kv_heads, head_dim])
+    # unflatten, not reshape: the heads dim carries the split even when a shard holds one head.
+    def heads(y, n):
+        return ops.unflatten(ops.unflatten(y, 0, [b, s]), 2, [n, head_dim])
+
+    q = heads(ops.linear(x, w["q"], w.get("q_bias")), num_heads)
+    k = heads(ops.linear(x, w["k"], w.get("k_bias")), num_kv_heads)
+    v = heads(ops.linear(x, w["v"], w.get("v_bias")), num_kv_heads)
     if "q_norm" in w:  # per head: the normalized dim (head_dim) is never the split one (heads)
         q, k = ops.rms_norm(q, w["q_norm"], epsilon=eps), ops.rms_norm(k, w["k_norm"], epsilon=eps)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

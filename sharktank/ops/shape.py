@@ -4,7 +4,10 @@ Rule: replicated and unreduced tensors reshape shard by shard (a view is linear)
 tensor keeps its split: permutations carry the split dim along; a reshape may merge the
 split dim with the dims after it, or split it into dims whose outer one carries the
 split, as long as every shard stays one contiguous block of the result. A reshape that
-would move elements between shards is refused with both shapes in the message.
+would move elements between shards is refused with both shapes in the message. flatten and
+unflatten say which dims they merge or divide, so they never guess among size-1 dims (a
+one-head shard ``[N, 1 * hd]`` unflattened to ``[N, 1, hd]`` stays split on its heads):
+prefer them to reshape where a dim may be 1.
 """
 
 from __future__ import annotations
@@ -138,6 +141,10 @@ def _flatten(t, start_dim=0, end_dim=-1):
         return reshape(t, [1])
     a, b = norm_dim(start_dim, t.ndim), norm_dim(end_dim, t.ndim)
     shape = list(t.shape)
+    if isinstance(t, SplitPrimitiveTensor) and not a <= t.shard_dim <= b:
+        # The split dim is outside the merged dims: it only shifts (no size-1 dims to misread).
+        d = t.shard_dim if t.shard_dim < a else t.shard_dim - (b - a)
+        return split_of([sh.flatten(a, b) for sh in t.shards], d, t.devices)
     return reshape(t, shape[:a] + [math.prod(shape[a : b + 1])] + shape[b + 1 :])
 
 
@@ -151,6 +158,25 @@ def _unflatten(t, dim, sizes):
     d = norm_dim(dim, t.ndim)
     shape = list(t.shape)
     sizes = _resolve_shape(sizes, shape[d], [shape[d]])
+    if isinstance(t, SplitPrimitiveTensor):
+        if d != t.shard_dim:  # the split dim only shifts
+            k = t.shard_dim + (len(sizes) - 1 if t.shard_dim > d else 0)
+            return split_of([sh.unflatten(d, sizes) for sh in t.shards], k, t.devices)
+        # The split dim itself: the split goes to the outermost new dim every shard tiles in
+        # whole rows ([kv*hd] -> [kv, hd] splits the heads, or hd when a shard holds part of
+        # a head), with only size-1 dims before it. Unlike reshape, sizes of 1 are not
+        # guessed at: the caller said which dim is divided.
+        for j in range(len(sizes)):
+            if math.prod(sizes[:j]) != 1:
+                break
+            rows = math.prod(sizes[j + 1 :])
+            if all(size % rows == 0 for size in t.shard_sizes):
+                local = [[*sizes[:j], size // rows, *sizes[j + 1 :]] for size in t.shard_sizes]
+                return split_of([sh.unflatten(d, sz) for sh, sz in zip(t.shards, local)], d + j, t.devices)
+        raise ShardingError(
+            f"ops.unflatten: dim {d} of {list(t.shape)} split in sizes {t.shard_sizes} cannot become {sizes} "
+            "without moving items between shards"
+        )
     return reshape(t, shape[:d] + sizes + shape[d + 1 :])
 
 

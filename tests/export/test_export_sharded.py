@@ -133,14 +133,18 @@ def test_export_writes_attention_as_products_on_request():
     model = LlamaModel(config, random_theta(config))
     fused = str(export_llama(model, (1,), 16)[0].mlir_module)
     unfused = str(export_llama(model, (1,), 16, attention_as_matmuls=True)[0].mlir_module)
-    assert fused.count("torch.aten.scaled_dot_product_attention") == 2  # prefill and decode
+    assert fused.count("torch.aten.scaled_dot_product_attention") == 3  # prefill, decode, prefill_chunk
     assert "scaled_dot_product_attention" not in unfused and "torch.aten.softmax" in unfused
+    parts = re.split(r"func\.func (?:public |private )?@(\w+)", unfused)
+    funcs = dict(zip(parts[1::2], parts[2::2]))
+    assert set(funcs) == {"prefill_bs1", "decode_bs1", "prefill_chunk_bs1"}
     # GQA (8 query heads, 4 KV heads): decode stacks each KV head's queries, so its cache
-    # is not repeated; only prefill (a dynamic length) repeats it.
-    prefill, decode = unfused.split("func.func @decode_bs1")
-    assert "torch.aten.repeat_interleave" in prefill and "torch.aten.repeat" not in decode
-    # Prefill: both attention products; decode: scores as multiply-and-sum, values a product.
-    assert prefill.count("torch.aten.matmul") == 2 and decode.count("torch.aten.matmul") == 1
+    # is not repeated; only the prompt functions (a dynamic length) repeat it.
+    prompt = [funcs["prefill_bs1"], funcs["prefill_chunk_bs1"]]
+    decode = funcs["decode_bs1"]
+    assert all("torch.aten.repeat_interleave" in f for f in prompt) and "torch.aten.repeat" not in decode
+    # Prompts: both attention products; decode: scores as multiply-and-sum, values a product.
+    assert all(f.count("torch.aten.matmul") == 2 for f in prompt) and decode.count("torch.aten.matmul") == 1
     assert "torch.aten.sum.dim_IntList" in decode
 
 

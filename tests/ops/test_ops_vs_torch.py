@@ -50,9 +50,10 @@ REFUSALS: dict[str, tuple[str, list[str]]] = {  # case -> (op named in the messa
                                 r": a plain tensor cannot take sharded indices or values", r" into an UnreducedTensor is not linear"]),
     "index_select": ("index_select", [" " + _ALONG_SPLIT, r": index tensors must be replicated or plain, found "]),
     "embedding_lookup": ("embedding_lookup", [r": split ids with a split embedding matrix", r": unreduced operands are not supported"]),
-    **{op: (op, []) for op in ("sum", "mean", "argmax", "transpose", "permute", "to", "unflatten", "replicate", "reshard_split", "unshard")},
+    **{op: (op, []) for op in ("sum", "mean", "argmax", "transpose", "permute", "to", "replicate", "reshard_split", "unshard")},
     "cat": ("cat", [r" along the split dim \d+ interleaves shards", r": split operands disagree: S\(\d+\) ", r": unreduced tensors can only be concatenated with unreduced"]),
     **{op: ("reshape", [r": reshape \[[\d, ]*\] -> \[[\d, ]*\] \(split dim \d+.*\) moves items between shards"]) for op in ("reshape", "flatten")},
+    "unflatten": ("unflatten", [r": dim \d+ of \[[\d, ]*\] split in sizes \[[\d, ]*\] cannot become \[[\d, ]*\] without moving items between shards"]),
     "expand": ("expand", [r": cannot expand split dim \d+ of \[[\d, ]*\] to "]),
     **{op: (op, [_NO_IMPL]) for op in ("all_gather", "all_reduce", "reduce_scatter", "sharded_cat", "sharded_sum")},
 }
@@ -222,3 +223,28 @@ def test_attention_as_matmuls_needs_enable_gqa_for_fewer_kv_heads():
     q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 2, 8)
     with ops.attention_as_matmuls(), pytest.raises(RuntimeError):
         ops.scaled_dot_product_attention(q, k, k)
+
+
+
+@pytest.mark.parametrize("heads, shards, dim", [(1, 1, 1), (2, 2, 1), (2, 1, 1), (1, 2, 2)])
+def test_unflatten_puts_the_split_on_the_heads_it_names(heads, shards, dim):
+    # A projection [N, heads*hd] split on its features, unflattened to [N, heads, hd]: the
+    # split goes to the heads (even one head in one shard, where reshape cannot tell the
+    # heads from a size-1 dim), or to hd when a shard holds part of a head.
+    x = torch.randn(5, heads * 8)
+    y = ops.unflatten(ops.reshard_split(x, dim=1, count=shards), 1, [heads, 8])
+    assert y.shard_dim == dim and torch.equal(ops.unshard(y), x.reshape(5, heads, 8))
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_flatten_and_unflatten_of_other_dims_only_shift_the_split(heads):
+    # A cache [B, T, kv, hd] split on kv: merging B and T and splitting them again keeps kv split.
+    x = torch.randn(2, 5, heads, 8)
+    flat = ops.flatten(ops.reshard_split(x, dim=2, count=heads), 0, 1)
+    back = ops.unflatten(flat, 0, [2, 5])
+    assert (flat.shard_dim, back.shard_dim) == (1, 2) and torch.equal(ops.unshard(back), x)
+
+
+def test_unflatten_refuses_a_split_it_cannot_keep():
+    with pytest.raises(ops.ShardingError, match=r"ops.unflatten: dim 1 of \[5, 12\] split in sizes \[6, 6\] cannot become \[3, 4\]"):
+        ops.unflatten(ops.reshard_split(torch.randn(5, 12), dim=1, count=2), 1, [3, 4])
