@@ -13,8 +13,13 @@ __all__ = ["add_parser", "cmd_export"]
 NAME = "export"
 HELP = "export (and compile) a sharded model to a directory"  # the line in `sharktank --help`
 
-_RECIPE_KEYS = {"model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "dtype", "target", "target_arch", "compile_flags", "seed"}
-_DEFAULTS = {"tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "dtype": None, "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0}
+_RECIPE_KEYS = {
+    "model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "page_size", "dtype", "target", "target_arch", "compile_flags", "seed",
+}
+_DEFAULTS = {
+    "tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "page_size": None, "dtype": None,
+    "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0,
+}
 
 
 def _load_recipe(path: str) -> dict:
@@ -76,6 +81,8 @@ def cmd_export(args) -> int:
         compile=not args.no_compile,
         progress=lambda m: say(args, m),
     )
+    if s["page_size"]:
+        options["page_size"] = int(s["page_size"])
     out = Path(args.output_dir)
     manifest = export_artifact(model, out, hosts=s["hosts"] and int(s["hosts"]), **options)
     if isinstance(manifest, HostsManifest):
@@ -142,6 +149,12 @@ def add_parser(sub) -> None:
         "operands), so an F16 GGUF prefills faster exported with --dtype bfloat16 (the 1B shape: about 1.3-1.8 s against 4.1 s "
         "for 128 tokens on 2 cores), at bfloat16's rounding: 8 mantissa bits to float16's 11, so its logits stray further "
         "from float32's (tools/half_precision_table.py measures both)",
+    )
+    e.add_argument(
+        "--page-size", dest="page_size", type=int, metavar="POSITIONS",
+        help="also export the paged functions (prefill_paged, decode_paged) over a pool of KV-cache pages of this many positions "
+        "(e.g. 16), which `serve` then uses: memory for the tokens in use instead of --max-seq-len per row, and prefix caching "
+        "across requests. One host and one microbatch path only (default: off)",
     )
     e.add_argument("--target", choices=list(TARGETS), help="compile target (default cpu)")
     e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")

@@ -35,6 +35,34 @@ def _chunk(text: str) -> int | None:
     return n
 
 
+def _kv_pages(args, model) -> int | None:
+    """``--kv-cache-gib`` as pool pages (None: the engine's default), refused when the artifact
+    has no paged functions or, on a CPU, when the pool would not fit in the memory available."""
+    if args.kv_cache_gib is None:
+        return None
+    if getattr(model, "page_size", None) is None:
+        raise CliError(f"{args.dir}: --kv-cache-gib needs the paged functions (export with --page-size)")
+    if args.prefill_chunk is None:
+        raise CliError("--kv-cache-gib needs chunked prefill (the paged cache is filled in chunks); drop --prefill-chunk off")
+    pages = model.pages_in(args.kv_cache_gib)
+    if model.driver in ("local-task", "local-sync"):
+        need = (pages + 1) * sum(model.page_bytes().values())
+        available = _mem_available()
+        if available is not None and need > available:
+            raise CliError(f"--kv-cache-gib {args.kv_cache_gib}: a pool of {pages} pages takes {need / 2**30:.2f} GiB, but this host has {available / 2**30:.2f} GiB available")
+    return pages
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _serve_loader(args, distributed: bool, held: dict):
     """Loads the artifact's model, engine and tokenizer (on the server's loading thread);
     ``held`` gets the model (to close at the end) and, when another rank failed, ``rc`` 3."""
@@ -52,7 +80,7 @@ def _serve_loader(args, distributed: bool, held: dict):
         except DistributedError:
             held["rc"] = 3
             raise
-        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue, chunk_tokens=args.prefill_chunk)
+        engine = Engine(held["model"], batch_size=args.max_batch, max_queue=args.max_queue, chunk_tokens=args.prefill_chunk, kv_pages=_kv_pages(args, held["model"]))
         return engine, tokenizer
 
     return load
@@ -146,7 +174,15 @@ def add_parser(sub) -> None:
         "--prefill-chunk", dest="prefill_chunk", type=_chunk, default=DEFAULT_CHUNK_TOKENS, metavar="TOKENS",
         help=f"prompt tokens prefilled per step between decode steps (default {DEFAULT_CHUNK_TOKENS}; 'off': whole prompts): a long prompt "
         "holds running streams up by one chunk a step, and a new request reuses the longest prefix of its prompt a free batch row "
-        "still holds. Needs an artifact with prefill_chunk functions (exported since they exist, one microbatch); others prefill whole prompts",
+        "still holds (with a paged cache: the longest prefix in its prefix cache). Needs an artifact with prefill_chunk or paged functions "
+        "(one microbatch); others prefill whole prompts",
+    )
+    v.add_argument(
+        "--kv-cache-gib", dest="kv_cache_gib", type=float, metavar="GIB",
+        help="an artifact exported with --page-size serves from one pool of KV-cache pages shared by all requests (a request reserves "
+        "pages for its prompt plus max_tokens when admitted and waits while the pool is short; full prompt pages are kept for reuse "
+        "by later prompts with the same prefix): the pool's size per device in GiB (default: the memory of --max-batch rows of "
+        "the exported cache length). Refused on a CPU when it exceeds the memory available",
     )
     v.add_argument("--model-name", dest="model_name", help="the model id clients send and /v1/models lists (default DIR's name)")
     v.add_argument("--api-key", dest="api_key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on every /v1 route (401 otherwise); default: the "

@@ -140,6 +140,7 @@ def export_artifact(
     compile: bool = True,
     progress: Callable[[str], None] = lambda msg: None,
     hosts: int | None = None,
+    page_size: int | None = None,
 ) -> Manifest | HostsManifest:
     """Export (and compile) ``model`` into ``output_dir``; returns its manifest as read back.
 
@@ -152,8 +153,19 @@ def export_artifact(
     ``max_seq_len``: the KV-cache length; by default the model's context up to
     :data:`~sharktank.export.cache_size.DEFAULT_MAX_SEQ_LEN`. A length past the model's, or
     a cache that with the weights would not fit in this host's memory (CPU target), raises
-    :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced."""
+    :class:`~sharktank.export.cache_size.CacheSizeError` before anything is traced.
+
+    ``page_size``: also export the paged functions (``prefill_paged``, ``decode_paged``, see
+    :func:`~sharktank.export.llama.paged_programs`) over a pool of pages of that many
+    positions; a plan of one microbatch path on one host only."""
     over_hosts = model.plan.on_hosts(hosts)
+    if page_size is not None and (over_hosts.host_count > 1 or len(model.plan.paths) != 1):
+        raise ValueError(
+            f"a paged cache (page size {page_size}) needs one host and one microbatch path; this plan has "
+            f"{over_hosts.host_count} hosts and {len(model.plan.paths)} paths"
+        )
+    if page_size is not None and page_size < 1:
+        raise ValueError(f"page size must be >= 1, found {page_size}")
     if over_hosts.host_count > 1:
         from .hosts import export_hosts
 
@@ -170,7 +182,10 @@ def export_artifact(
     progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
-    output, weights, specs = export_llama(model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True, cpu_kernels=kernels_for(target, target_arch))
+    output, weights, specs = export_llama(
+        model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True,
+        cpu_kernels=kernels_for(target, target_arch), page_size=page_size,
+    )
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0
     progress(f"exported in {export_seconds:.1f} s")

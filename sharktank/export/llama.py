@@ -348,9 +348,12 @@ def export_llama(
     *,
     attention_as_matmuls: bool = False,
     cpu_kernels: bool = False,
+    page_size: int | None = None,
 ):
     """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
     where ``specs`` describes every function's arguments and results for the manifest.
+    ``page_size`` (a plan of one microbatch path): also the paged functions over a pool of
+    pages of that many positions (:func:`paged_programs`).
     ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
     what ``export_artifact`` does: faster on IREE's CPU backend, and IREE 3.10's GPU backends
     fail to compile the fused op for these models). ``cpu_kernels``: see :func:`trace_program`."""
@@ -450,4 +453,67 @@ def export_llama(
                 + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }
+    if page_size is not None:
+        specs.update(paged_programs(fxb, model, batch_sizes, t, page_size, attention_as_matmuls=attention_as_matmuls, cpu_kernels=cpu_kernels))
     return import_programs(fxb), weights, specs
+
+
+def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_size: int, **trace) -> dict[str, dict]:
+    """Trace the paged functions into ``fxb``; returns their manifest specs. The cache is a
+    pool of ``P`` pages of ``page_size`` positions per block (``P`` is chosen when the pool is
+    allocated: a dynamic dim), and each call takes its rows' page tables
+    (``layers.attention``):
+
+    - ``prefill_paged_bs1(tokens[1, S], positions[1, S], pages[1, Wp], *pool)``: a chunk of one
+      sequence written through its first ``Wp`` pages, attending over them;
+    - ``decode_paged_bs{B}(tokens[B, 1], positions[B, 1], pages[B, M], *pool)``: one token per
+      row over all ``M = ceil(max_seq_len / page_size)`` table entries (the unused ones point
+      at any page: the causal mask keeps them unread)."""
+    from iree.turbine.aot import DeviceAffinity
+
+    if len(model.plan.paths) != 1:
+        raise ValueError(f"paged functions need a plan of one microbatch path, found {len(model.plan.paths)}")
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, found {page_size}")
+    first_device = model.input_device(0)
+    most = -(-max_seq_len // page_size)
+    example = most + 3  # pool pages while tracing (any count: dim 0 is dynamic)
+    pool = model.new_pool(example, page_size, placeholder=True)
+    leaves, spec, pool_devices = _flat_cache(pool)
+    dtype_name = "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else str(model.dtype).removeprefix("torch.")
+
+    def paged(module, tokens, positions, pages, *pool_leaves):
+        entries = pytree.tree_unflatten(list(pool_leaves), spec)
+        out, new = model.forward_path(tokens, positions, entries[0], 0, module.stages(), window=pages.shape[1] * page_size, pages=pages)
+        if out.dtype == torch.bfloat16:
+            out = out.view(torch.int16)
+        return (out, *pytree.tree_leaves([new]))
+
+    pool_dim = torch.export.Dim("pool_pages", min=2)
+    pool_args = [dict(a, shape=["P", *a["shape"][1:]]) for a in cache_arg_specs(leaves, pool_devices)]
+    specs = {}
+    calls = [("prefill_paged", 1, 8, 2)] + [("decode_paged", b, 1, most) for b in batch_sizes]
+    for kind, rows_in, seq, table in calls:
+        name = f"{kind}_bs{rows_in}"
+        tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
+        positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
+        pages = torch.zeros(rows_in, table, dtype=torch.int64)
+        length = 1 if kind == "decode_paged" else "S"
+        if kind == "prefill_paged":
+            s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
+            wp = torch.export.Dim("window_pages", min=2, max=most)
+            dynamic = ({1: s}, {1: s}, {1: wp}, tuple({0: pool_dim} for _ in leaves))
+        else:
+            dynamic = (None, None, None, tuple({0: pool_dim} for _ in leaves))
+        devices = [first_device] * 3 + pool_devices
+        arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
+        trace_program(fxb, paged, (tokens, positions, pages, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, **trace)
+        named = [("tokens", [rows_in, length]), ("positions", [rows_in, length]), ("pages", [rows_in, "Wp" if kind == "prefill_paged" else most])]
+        specs[name] = {
+            "batch_size": rows_in,
+            "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, shape in named] + pool_args,
+            "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": dtype_name}]
+            + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
+            "cache": {"paths": [0], "rows": [[0, rows_in]], "max_seq_len": max_seq_len, "page_size": page_size, "max_pages": most},
+        }
+    return specs

@@ -37,7 +37,7 @@ __all__ = [
 ARTIFACT_FORMAT = "sharktank.artifact"
 HOSTS_FORMAT = "sharktank.hosts"
 # The kinds of exported functions, in the order an artifact lists them.
-KINDS = ("prefill", "decode", "prefill_row", "prefill_rows", "prefill_chunk")
+KINDS = ("prefill", "decode", "prefill_row", "prefill_rows", "prefill_chunk", "prefill_paged", "decode_paged")
 _NAME = re.compile(r"(?P<kind>[a-z_]+)_bs(?P<batch>[1-9][0-9]*)")
 
 
@@ -63,8 +63,9 @@ def parse_function_name(name: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class ArgSpec:
     """One argument of an exported function: its name (``tokens``, ``positions``, ``row``,
-    ``lengths``, ``span``, ``cache.N``...), shape (``"S"`` for the dynamic length, ``"W"`` for a
-    chunk's attended window), dtype and device."""
+    ``lengths``, ``span``, ``pages``, ``cache.N``...), shape (``"S"`` for the dynamic length,
+    ``"W"`` for a chunk's attended window, ``"Wp"`` for a paged chunk's pages, ``"P"`` for a
+    page pool's page count), dtype and device."""
 
     name: str
     shape: tuple[int | str, ...]
@@ -86,6 +87,8 @@ class FunctionSpec:
     batch_size: int
     args: tuple[ArgSpec, ...]
     max_seq_len: int
+    page_size: int | None = None  # the paged functions: positions per page of the pool
+    max_pages: int | None = None  # and the pages of one sequence's table
 
     @property
     def cache_args(self) -> tuple[ArgSpec, ...]:
@@ -131,7 +134,11 @@ def _function(name: str, raw: Any, path: Path) -> FunctionSpec:
         _need(ok, path, f"functions.{name}.args[{i}] must have name, shape, dtype and an integer device")
         args.append(ArgSpec(a["name"], tuple(a["shape"]), a["dtype"], a["device"]))
     _need(len(args) >= 2, path, f"functions.{name} takes at least tokens and positions, found {len(args)} arguments")
-    return FunctionSpec(name, kind, batch, tuple(args), length)
+    paged = {k: (raw.get("cache") or {}).get(k) for k in ("page_size", "max_pages")}
+    if kind.endswith("_paged"):
+        ok = all(_is_int(v) and v > 0 for v in paged.values())
+        _need(ok, path, f"functions.{name}.cache must give page_size and max_pages (positive integers), found {paged}")
+    return FunctionSpec(name, kind, batch, tuple(args), length, paged["page_size"], paged["max_pages"])
 
 
 def _load_json(directory: Path, made_by: str = "sharktank export") -> tuple[Path, Any]:
@@ -214,7 +221,8 @@ class Manifest:
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted({f.batch_size for f in self.functions.values()}))
+        # The paged prefill is one sequence whatever the batch: it names no batch size.
+        return tuple(sorted({f.batch_size for f in self.functions.values() if f.kind != "prefill_paged"}))
 
     @property
     def max_seq_len(self) -> int:

@@ -6,6 +6,13 @@ are written at ``positions`` (``[B, S]``) with a functional ``index_put``; queri
 cache entries at or before their own position, among the first ``window`` entries when a
 ``window`` is given (a prompt from position 0 attends over its own ``S`` entries, not the whole
 cache: at a 4096-entry cache that is most of a short prompt's attention work).
+
+Paged (``pages`` given): the cache of one block is instead a pool of pages, a pair of ``[P,
+page_size, kv_heads, head_dim]`` tensors shared by every sequence, and ``pages`` (``[B, Wp]``
+int64) is each row's page table: its position ``p`` lives in page ``pages[b, p // page_size]``
+at slot ``p % page_size``. Writes scatter into the flattened pool; a row reads its ``Wp``
+pages gathered in order (``Wp * page_size`` entries, masked causally as above), so the
+contiguous cache is the page table ``pages[b] = b * T / page_size + arange(T / page_size)``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,27 @@ def _row_entries(rows: torch.Tensor, *, length: int, window) -> torch.Tensor:
     return (rows[:, None] * length + torch.arange(window)[None, :]).reshape(-1)
 
 
+def _page_slots(pages: torch.Tensor, positions: torch.Tensor, *, size: int) -> torch.Tensor:
+    """``[B * S]``: the flat pool index (pool viewed as ``[P * size, ...]``) of each token's entry."""
+    page = torch.gather(pages, 1, torch.div(positions, size, rounding_mode="floor"))
+    return (page * size + positions % size).reshape(-1)
+
+
+def _page_window(pages: torch.Tensor, *, size: int) -> torch.Tensor:
+    """``[B * Wp * size]``: the flat pool index of every entry of each row's pages, in order."""
+    return (pages[:, :, None] * size + torch.arange(size)[None, None, :]).reshape(-1)
+
+
+def _paged(pool, pages, positions, new, b: int, s: int):
+    """``(new pool, window)``: ``new`` (``[B, S, kv, hd]``) written at ``positions`` through the
+    page table ``pages``, and each row's pages read back as ``[B, Wp * page_size, kv, hd]``."""
+    size = pool.shape[1]
+    flat = ops.flatten(pool, 0, 1)
+    flat = ops.index_put(flat, [ops.elementwise(_page_slots, pages, positions, size=size)], ops.flatten(new, 0, 1))
+    window = ops.index_select(flat, 0, ops.elementwise(_page_window, pages, size=size))
+    return ops.unflatten(flat, 0, [pool.shape[0], size]), ops.unflatten(window, 0, [b, pages.shape[1] * size])
+
+
 def _rows_like(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return rows[:, None].expand(positions.shape)
 
@@ -78,7 +106,7 @@ def _first_entries(cache, window):
 
 def attention(
     x, w, cache, positions: torch.Tensor, cos, sin, *, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, mask=None, padding=None,
-    window=None, rows=None,
+    window=None, rows=None, pages=None,
 ):
     """One attention block. ``w`` maps q/k/v/o names to weights (``q``, ``k``, ``v``, ``o`` and
     optional ``q_bias``...), and optionally ``q_norm`` and ``k_norm``: Qwen3's ``[head_dim]``
@@ -88,7 +116,9 @@ def attention(
     cache entries ``[0, window)`` only (an int, or a symbolic size while tracing; every position
     must be below it); None: the whole cache. ``rows`` (``[B]`` int64, plain or replicated): the
     cache row each input row reads and writes (a chunk of one prompt into row ``r`` of a
-    batch cache); None: input row ``i`` is cache row ``i``. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
+    batch cache); None: input row ``i`` is cache row ``i``. ``pages`` (``[B, Wp]`` int64, plain
+    or replicated): ``cache`` is a page pool and these are the rows' page tables (module
+    docstring); every position must be below ``Wp * page_size``. ``padding`` (``[B, S]`` booleans, plain or replicated): tokens whose keys
     and values are not kept: the cache entries they would write keep their contents (the
     old entries are read into the written values, so the write depends on the read).
     Returns ``(output, (k_cache, v_cache))``."""
@@ -105,8 +135,11 @@ def attention(
         q, k = ops.rms_norm(q, w["q_norm"], epsilon=eps), ops.rms_norm(k, w["k_norm"], epsilon=eps)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
-    if rows is not None and padding is not None:
-        raise ValueError("attention takes rows or padding, not both")
+    if sum(a is not None for a in (rows, padding, pages)) > 1:
+        raise ValueError("attention takes one of rows, padding and pages")
+    if pages is not None:
+        (k_cache, keys), (v_cache, values) = (_paged(c, pages, positions, z, b, s) for c, z in zip(cache, (k, v)))
+        return _attend(q, keys, values, positions, mask, w, b, s, num_heads, num_kv_heads, head_dim), (k_cache, v_cache)
     at_rows = torch.arange(b)[:, None].expand(b, s) if rows is None else ops.elementwise(_rows_like, rows, positions)
     if padding is not None:
         pad = ops.reshape(padding, [b, s, 1, 1])  # broadcasts over the (maybe split) heads
@@ -118,6 +151,12 @@ def attention(
         keys, values = (_window_of_rows(c, rows, window) for c in (k_cache, v_cache))
     else:
         keys, values = (k_cache, v_cache) if window is None else (_first_entries(c, window) for c in (k_cache, v_cache))
+    return _attend(q, keys, values, positions, mask, w, b, s, num_heads, num_kv_heads, head_dim), (k_cache, v_cache)
+
+
+def _attend(q, keys, values, positions, mask, w, b: int, s: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    """The attention output ``[B, S, hidden]`` of queries ``q`` over ``keys``/``values``
+    (``[B, T, kv, hd]``), through the output projection (all-reduced when unreduced)."""
     if mask is None:
         mask = causal_mask(positions, keys.shape[1])  # [B, 1, S, T or window]
     dtype = q.dtype
@@ -134,4 +173,4 @@ def attention(
     out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b * s, num_heads * head_dim])
     y = ops.linear(out, w["o"], w.get("o_bias"))
     y = ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y
-    return ops.reshape(y, [b, s, y.shape[-1]]), (k_cache, v_cache)
+    return ops.reshape(y, [b, s, y.shape[-1]])

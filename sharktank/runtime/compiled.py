@@ -24,6 +24,7 @@ import torch
 
 from ..export.compile import TARGETS
 from ..export.manifest import ArtifactError, FunctionSpec, Manifest, find_function, path_inside
+from .paged import PagedCalls
 from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
 
@@ -182,7 +183,7 @@ class PrefillDecode:
         return generate_greedy(self, tokens, max_new_tokens)
 
 
-class CompiledModel(PrefillDecode):
+class CompiledModel(PagedCalls, PrefillDecode):
     """A compiled artifact on its devices. ``prefill``/``decode`` take and return torch tensors.
 
     ``driver``: the IREE runtime driver; by default the one the artifact was compiled for.

@@ -48,6 +48,8 @@ from ..text.sampling import Sampler, SamplingParams
 from .events import EngineError, ErrorKind, Event, FinishReason, QueueFull
 from .plan import DecodeBatch, PrefillCall, StepPlan, StepResults
 from .request import Request
+from .pages import PagePool
+from .paged_scheduler import PagedScheduler
 from .scheduler import DEFAULT_CHUNK_TOKENS, Scheduler
 
 __all__ = ["QueueFull", "Event", "FinishReason", "EngineError", "ErrorKind", "Request", "EngineStats", "Engine"]
@@ -62,21 +64,38 @@ _STOPPED = "the engine stopped before this request finished"
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot of the engine's load: requests waiting for a row, rows in use, rows in all."""
+    """A snapshot of the engine's load: requests waiting for a row, rows in use, rows in all;
+    with a paged cache its pages (in use by requests, cached for reuse and unreferenced, free:
+    the three add up to ``kv_pages``) and the prompt tokens the prefix cache supplied (0
+    without one)."""
 
     waiting: int
     running: int
     batch_size: int
+    kv_pages: int = 0
+    kv_pages_used: int = 0
+    kv_pages_cached: int = 0
+    kv_pages_free: int = 0
+    prefix_cache_hit_tokens: int = 0
 
 
 class Engine:
     """Continuous batching of :class:`Request` s over ``batch_size`` cache rows of ``model``."""
 
-    def __init__(self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64, chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS):
+    def __init__(
+        self, model: PrefillDecode, *, batch_size: int | None = None, max_queue: int = 64, chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
+        kv_pages: int | None = None, paged: bool | None = None,
+    ):
         """``chunk_tokens``: chunked prefill with prefix reuse, at most this many prompt tokens
         prefilled per step (:class:`~sharktank.serving.scheduler.Scheduler`), when the model has
         a ``prefill_chunk`` function for the batch size; None, or a model without one: whole
-        prompts, each row prefilled afresh."""
+        prompts, each row prefilled afresh. With ``chunk_tokens`` and an artifact that has the
+        paged functions (``export --page-size``) the cache is a pool of ``kv_pages`` pages
+        (:class:`~sharktank.serving.paged_scheduler.PagedScheduler`; by default as many as the
+        contiguous rows would take, ``batch_size * max_seq_len`` positions) plus one scratch
+        page, and the contiguous cache is not allocated. ``paged``: False keeps the contiguous
+        cache even then; True refuses an artifact without the paged functions; None (default):
+        paged where it can be."""
         functions = model.functions
         sizes = sorted(b for b in {f.batch_size for f in functions.values()} if model.find("decode", b) and (b == 1 or model.find("prefill_row", b)))
         if not sizes:
@@ -91,14 +110,35 @@ class Engine:
         self.max_queue = max_queue
         self.max_seq_len = model.find("decode", batch_size).max_seq_len
         self.vocab_size = model.vocab_size
-        self._cache = model.new_cache(batch_size)
         if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
             raise ValueError(f"chunk_tokens must be an integer >= 1 or None, found {chunk_tokens!r}")
-        self.chunk_tokens = chunk_tokens if model.find("prefill_chunk", batch_size) is not None else None
-        self._scheduler = Scheduler(
-            batch_size, max_queue=max_queue, batched_prefill=model.find("prefill_rows", batch_size) is not None,
-            chunk_tokens=self.chunk_tokens, max_seq_len=self.max_seq_len,
-        )
+        paged_spec = model.find("prefill_paged", 1) if chunk_tokens is not None and model.find("decode_paged", batch_size) else None
+        if paged and paged_spec is None:
+            raise InputError(
+                f"{model.directory}: a paged cache needs chunked prefill and the paged functions for batch size {batch_size} "
+                "(export --page-size); found none"
+            )
+        paged = paged_spec if paged is not False else None
+        self.page_size = paged.page_size if paged is not None else None
+        if kv_pages is not None and (isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1):
+            raise ValueError(f"kv_pages must be an integer >= 1, found {kv_pages!r}")
+        if kv_pages is not None and paged is None:
+            raise InputError(f"kv_pages needs a paged cache: an artifact with the paged functions (export --page-size) and chunked prefill; {model.directory} has none, or paged=False")
+        if paged is not None:
+            self.kv_pages = kv_pages or batch_size * paged.max_pages
+            self._cache = model.new_pool(self.kv_pages + 1)  # + the scratch page
+            self.chunk_tokens = chunk_tokens
+            self._scheduler = PagedScheduler(
+                batch_size, max_queue=max_queue, chunk_tokens=chunk_tokens, pool=PagePool(self.kv_pages, paged.page_size), max_seq_len=self.max_seq_len,
+            )
+        else:
+            self.kv_pages = 0
+            self._cache = model.new_cache(batch_size)
+            self.chunk_tokens = chunk_tokens if model.find("prefill_chunk", batch_size) is not None else None
+            self._scheduler = Scheduler(
+                batch_size, max_queue=max_queue, batched_prefill=model.find("prefill_rows", batch_size) is not None,
+                chunk_tokens=self.chunk_tokens, max_seq_len=self.max_seq_len,
+            )
         self._samplers: dict[int, Sampler] = {}  # request id -> its sampler, from its prefill to its last event
         self._lock = threading.Lock()  # guards _scheduler and _stopped
         self._wake = threading.Event()
@@ -136,7 +176,14 @@ class Engine:
     def stats(self) -> EngineStats:
         """How many requests wait and how many rows are in use, now (thread-safe)."""
         with self._lock:
-            return EngineStats(self._scheduler.waiting, self._scheduler.running, self.batch_size)
+            s = self._scheduler
+            if not isinstance(s, PagedScheduler):
+                return EngineStats(s.waiting, s.running, self.batch_size)
+            pool = s.pool.stats()
+            return EngineStats(
+                s.waiting, s.running, self.batch_size, kv_pages=self.kv_pages, kv_pages_used=s.pool.used,
+                kv_pages_cached=s.pool.cached_unreferenced, kv_pages_free=s.pool.free, prefix_cache_hit_tokens=pool["hits"],
+            )
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Request:
         """Queue a request; ``on_event`` is called on the engine thread with one :class:`Event`
@@ -160,6 +207,12 @@ class Engine:
             if self._stopped:
                 raise RuntimeError(f"the engine stopped: {self.failure}" if self.failure else "the engine is stopped")
             request = Request(next(self._ids), list(prompt), params, on_event, self._wake)
+            if isinstance(self._scheduler, PagedScheduler) and self._scheduler.pages_needed(request) > self.kv_pages:
+                need = self._scheduler.pages_needed(request)
+                raise InputError(
+                    f"a prompt of {len(prompt)} tokens plus max_tokens {params.max_tokens} needs {need} KV-cache pages of "
+                    f"{self.page_size} positions; the pool has {self.kv_pages} (serve --kv-cache-gib)"
+                )
             self._scheduler.add(request)
         self._wake.set()
         return request
@@ -213,7 +266,10 @@ class Engine:
         try:
             if self.chunk_tokens is not None:  # chunked mode: one chunk a call
                 (p,) = call.rows
-                out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache)
+                if self.page_size is not None:
+                    out, self._cache = self.model.prefill_paged(p.request.prompt, p.start, p.end, list(p.pages), self._cache)
+                else:
+                    out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache)
                 logits = [out]
                 if not p.last:
                     return
@@ -235,9 +291,12 @@ class Engine:
 
     def _decode(self, batch: DecodeBatch, tokens: dict[int, int], errors: dict[int, EngineError]) -> None:
         try:
-            logits, self._cache = self.model.decode(
-                torch.tensor(batch.tokens, dtype=torch.int64), self._cache, torch.tensor(batch.positions, dtype=torch.int64)
-            )
+            if self.page_size is not None:
+                logits, self._cache = self.model.decode_paged(list(batch.tokens), list(batch.positions), [list(t) for t in batch.tables], self._cache)
+            else:
+                logits, self._cache = self.model.decode(
+                    torch.tensor(batch.tokens, dtype=torch.int64), self._cache, torch.tensor(batch.positions, dtype=torch.int64)
+                )
         except ModelLost:
             raise
         except Exception as e:  # every row took part: they all fail

@@ -4,7 +4,8 @@ servers in one process (tests) keep separate counts.
 Counters: requests ended, by finish reason as the client saw it (``stop`` includes stop
 strings, ``cancelled`` includes clients that left); prompt tokens prefilled; tokens generated.
 Gauges, read from the engine when scraped: requests waiting for a row, rows in use, rows in
-all. Histograms: time to first token (from submit to the engine delivering the first token)
+all, and with a paged cache its pages (in the pool, used, cached, free) and the prompt tokens
+the prefix cache supplied. Histograms: time to first token (from submit to the engine delivering the first token)
 and the gap between a request's successive tokens, both timed on the engine's thread.
 """
 
@@ -43,13 +44,17 @@ class _EngineGauges:
         stats = self._stats()
         for name, text, field in _GAUGES:
             yield GaugeMetricFamily(PREFIX + name, text, value=getattr(stats, field) if stats is not None else 0)
-        # The paged KV cache adds its gauges here (pages used / free, prefix-cache hits).
 
 
 _GAUGES = (
     ("requests_waiting", "Requests waiting for a free batch row.", "waiting"),
     ("rows_running", "Batch rows holding a request.", "running"),
     ("rows", "Batch rows in all (the engine's batch size).", "batch_size"),
+    ("kv_pages", "KV-cache pages in the pool (0: a contiguous cache).", "kv_pages"),
+    ("kv_pages_used", "KV-cache pages held by running requests.", "kv_pages_used"),
+    ("kv_pages_cached", "KV-cache pages held by no request, kept for prefix reuse (evicted when needed).", "kv_pages_cached"),
+    ("kv_pages_free", "KV-cache pages holding nothing.", "kv_pages_free"),
+    ("prefix_cache_hit_tokens", "Prompt tokens whose KV entries came from the prefix cache (not prefilled), since start.", "prefix_cache_hit_tokens"),
 )
 
 

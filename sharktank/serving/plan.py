@@ -25,6 +25,7 @@ class PrefillRow:
     row: int
     start: int
     end: int
+    pages: tuple[int, ...] = ()  # paged cache: the sequence's page table (device page ids)
 
     @property
     def tokens(self) -> list[int]:
@@ -54,6 +55,7 @@ class DecodeBatch:
     tokens: tuple[int, ...]
     positions: tuple[int, ...]
     requests: tuple[tuple[Request, int], ...]
+    tables: tuple[tuple[int, ...], ...] = ()  # paged cache: each row's page table
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ class StepPlan:
     """What one step runs. ``finished``: events decided without the model (cancellations),
     to deliver first. ``prefills``: the calls, in order. ``decode``: the step for the rows
     already generating, or None. ``preempted``: requests sent back to the queue to free their
-    cache (empty with contiguous rows; the paged cache will fill it)."""
+    cache (always empty today: the paged scheduler reserves a request's pages when it admits
+    it, so the pool never runs out mid-request)."""
 
     finished: tuple[tuple[Request, Event], ...] = ()
     prefills: tuple[PrefillCall, ...] = ()

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from engine_artifact import T
 
 from sharktank.export.artifact import export_artifact
 from sharktank.models import load_model
@@ -17,33 +18,7 @@ from sharktank.runtime.compiled import InputError, ModelLost
 from sharktank.serving.engine import Engine, Event, QueueFull
 from sharktank.text.sampling import SamplingParams
 
-T = 32  # cache length
 WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    out = tmp_path_factory.mktemp("engine") / "art"
-    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(1, 4), max_seq_len=T)
-    return CompiledModel(out, driver="local-sync")
-
-
-@pytest.fixture
-def engines(compiled):
-    """Engines made by ``make(**kwargs)``, started, and stopped (thread joined) at the end."""
-    made = []
-
-    def make(model=compiled, start=True, **kwargs):
-        e = Engine(model, **kwargs)
-        made.append(e)
-        if start:
-            e.start()
-        return e
-
-    yield make
-    for e in made:
-        e.stop()
-    assert not any(e.running for e in made)
 
 
 class Collect:

@@ -81,16 +81,30 @@ class LlamaModel:
             cache.entries.append(entries)
         return cache
 
+    def new_pool(self, num_pages: int, page_size: int, *, placeholder: bool = False) -> KVCache:
+        """An empty paged cache: a pool of ``num_pages`` pages of ``page_size`` positions per
+        block (each block's pair of ``[num_pages, page_size, kv, hd]`` tensors, on its stage's
+        devices), for :meth:`forward` with ``pages``. A plan of one microbatch path only."""
+        if len(self.plan.paths) != 1:
+            raise ValueError(f"a page pool needs a plan of one microbatch path, found {len(self.plan.paths)} (paths {self.plan.paths})")
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"a page pool needs num_pages >= 1 and page_size >= 1, found {num_pages} and {page_size}")
+        return self.new_cache(num_pages, page_size, placeholder=placeholder)
+
     # --- forward ---------------------------------------------------------------------------
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None, rows: torch.Tensor | None = None
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None, rows: torch.Tensor | None = None,
+        pages: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
         new keys and values into ``cache`` (its entries are replaced, not mutated).
         ``window``: attend over the first ``window`` cache entries only (every position must be
         below it; :meth:`prefill` passes ``S``); None: the whole cache. ``rows`` (``[B]`` int64):
         the cache row of each input row (e.g. one prompt's chunk into row 3 of a batch-4 cache;
-        a cache of one microbatch only); None: input row ``i`` is cache row ``i``."""
+        a cache of one microbatch only); None: input row ``i`` is cache row ``i``. ``pages``
+        (``[B, Wp]`` int64): ``cache`` is a pool from :meth:`new_pool` and row ``b`` of the
+        input lives in pages ``pages[b]`` (``layers.attention``); it attends over those
+        ``Wp * page_size`` entries."""
         if self.source.deferred:
             raise RuntimeError(
                 f"this model's weights are placeholders (deferred from {self.source.label}): it can be exported, "
@@ -98,6 +112,8 @@ class LlamaModel:
             )
         if tokens.shape != positions.shape or tokens.ndim != 2:
             raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, S]")
+        if pages is not None:
+            return self._forward_paged(tokens, positions, cache, pages)
         if int(positions.max()) >= cache.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
         if int(positions.min()) < 0:  # a negative index would write at the cache's far end
@@ -122,19 +138,40 @@ class LlamaModel:
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def forward_path(self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None, rows=None):
+    def _forward_paged(self, tokens, positions, pool: KVCache, pages: torch.Tensor) -> torch.Tensor:
+        size, count = pool.max_seq_len, sum(n for _, n in pool.rows)
+        if len(pool.paths) != 1:
+            raise ValueError(f"pages need a pool of one microbatch (new_pool), found {len(pool.paths)}")
+        if pages.dtype != torch.int64 or pages.ndim != 2 or pages.shape[0] != tokens.shape[0]:
+            raise ValueError(f"pages must be int64 [B, Wp] with B = {tokens.shape[0]}, found {pages.dtype} {list(pages.shape)}")
+        if int(pages.min()) < 0 or int(pages.max()) >= count:
+            raise ValueError(f"page ids must be in [0, {count}) for a pool of {count} pages, found {int(pages.min())}..{int(pages.max())}")
+        if int(positions.min()) < 0 or int(positions.max()) >= pages.shape[1] * size:
+            raise ValueError(
+                f"positions must be in [0, {pages.shape[1] * size}) for {pages.shape[1]} pages of {size}, "
+                f"found {int(positions.min())}..{int(positions.max())}"
+            )
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        out, pool.entries[0] = self.forward_path(tokens, positions, pool.entries[0], pool.paths[0], window=pages.shape[1] * size, pages=pages)
+        return out
+
+    def forward_path(
+        self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None, rows=None, pages=None
+    ):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
         the model's weights (export passes its module's parameters). ``tokens`` and
         ``positions`` are taken to live on the path's first device and are copied from there
         to every other device that reads them (a few bytes each), so no device reads
         another's memory and a compiler knows where every value lives. ``padding``: ``[B, S]``
         booleans living there too, True at tokens whose keys and values are not written
-        (``layers.attention``). ``window`` and ``rows`` (living there too): see :meth:`forward`."""
+        (``layers.attention``). ``window``, ``rows`` and ``pages`` (living there too): see
+        :meth:`forward` (with ``pages``, ``window`` is their ``Wp * page_size``)."""
         stages = stages or self.stages
         route = self.plan.paths[path]
         home = self.input_device(path)
         x = self.embed(tokens, home, stages[0][route[0]])
-        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window, rows=rows)
+        x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window, rows=rows, pages=pages)
         return self.head(x, stages[-1][route[-1]]), new_entries
 
     def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
@@ -144,7 +181,8 @@ class LlamaModel:
         return ops.embedding_lookup(ops.replicate(tokens, devices=weights.devices), weights.embed)
 
     def forward_stages(
-        self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None, window=None, rows=None
+        self, x, positions: torch.Tensor, home: int, entries: list, path: int, stages, first: int = 0, padding=None, window=None, rows=None,
+        pages=None,
     ):
         """The residual stream ``x`` through the blocks of stages ``first ..
         first + len(stages) - 1`` of ``path`` (``stages[i]``: the replicas of stage
@@ -156,6 +194,7 @@ class LlamaModel:
         positions = ReplicatedTensor(ts=[positions], devices=(home,))
         padding = ReplicatedTensor(ts=[padding], devices=(home,)) if padding is not None else None
         rows = ReplicatedTensor(ts=[rows], devices=(home,)) if rows is not None else None
+        pages = ReplicatedTensor(ts=[pages], devices=(home,)) if pages is not None else None
         new_entries = []
         block = 0
         # Device group -> positions, rotary cos and sin, causal mask there (once per group).
@@ -168,9 +207,10 @@ class LlamaModel:
                 cos, sin = (ops.elementwise(f, angles, dtype=self.dtype) for f in (rotary_cos, rotary_sin))
                 pad = ops.replicate(padding, devices=weights.devices) if padding is not None else None
                 at = ops.replicate(rows, devices=weights.devices) if rows is not None else None
+                table = ops.replicate(pages, devices=weights.devices) if pages is not None else None
                 length = entries[block][0].shape[1] if window is None else window
-                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, length), pad, at)
-            pos, cos, sin, mask, pad, at = per_group[weights.devices]
+                per_group[weights.devices] = (pos, cos, sin, causal_mask(pos, length), pad, at, table)
+            pos, cos, sin, mask, pad, at, table = per_group[weights.devices]
             for w in weights.blocks.values():
                 # The residual stream follows the block's pinned weights (the placement rule).
                 x, _ = ops.transfer_if_needed(x, w["attn_norm"])
@@ -178,7 +218,7 @@ class LlamaModel:
                 a, kv = attention(
                     h, w, entries[block], pos, cos, sin,
                     num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, mask=mask, padding=pad,
-                    eps=c.rms_norm_eps, window=window, rows=at,
+                    eps=c.rms_norm_eps, window=window, rows=at, pages=table,
                 )
                 x = ops.add(x, a)
                 h = ops.rms_norm(x, w["ffn_norm"], epsilon=c.rms_norm_eps)

@@ -1,0 +1,134 @@
+"""The paged KV cache: the compiled paged functions against eager torch and the contiguous
+functions, and the engine over a pool of pages (results equal each request alone, prefix
+pages shared and bit-identical to a fresh prefill, requests waiting for pages, no page leaked)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_artifact import PAGE, T
+from test_engine import PROMPTS, Collect, Hooked, greedy, run_alone
+
+from sharktank.models import load_model
+from sharktank.runtime.compiled import InputError
+from sharktank.text.sampling import SamplingParams
+
+
+def host(pool) -> list[np.ndarray]:
+    return [np.array(a.to_host()) for a in pool]
+
+
+# --- the compiled functions ----------------------------------------------------------------
+def test_paged_chunks_and_decode_equal_eager_and_touch_only_their_pages(compiled):
+    eager = load_model("toy-llama")
+    prompt = [(11 * j + 5) % 256 for j in range(22)]  # 6 pages of 4, the last one partly
+    assert (compiled.page_size, compiled.max_pages) == (PAGE, T // PAGE)
+    pool = compiled.new_pool(16)
+    pages = [9, 2, 11, 5, 7, 3]  # any pages, in any order
+    before = host(pool)
+    parts = []
+    for start, end in ((0, 9), (9, 21), (21, 22)):  # a one-token last chunk too
+        out, pool = compiled.prefill_paged(prompt, start, end, pages, pool)
+        parts.append(out)
+    got = torch.cat(parts)
+    want = eager.prefill(torch.tensor([prompt]))[0]
+    assert got.shape == want.shape and (got - want).abs().max().item() <= 1e-4
+    after = host(pool)
+    others = [p for p in range(16) if p not in pages]
+    for b, a in zip(before, after, strict=True):
+        assert np.array_equal(a[others], b[others])  # pages not in the table: untouched
+    # The same prompt whole, into other pages: every full page bit for bit the same.
+    again = [0, 1, 4, 6, 8, 10]
+    _, pool = compiled.prefill_paged(prompt, 0, len(prompt), again, pool)
+    for a in host(pool):
+        assert np.array_equal(a[pages[:5]], a[again[:5]])
+    # Decode two sequences at once, each through its own table, against the eager model.
+    nxt = [int(want[-1].argmax()), 17]
+    short = PROMPTS[2]
+    _, pool = compiled.prefill_paged(short, 0, len(short), [12, 13, 14, 15], pool)
+    # Batch 4 (an exported size): rows 2 and 3 write a dummy token into a page no one reads now.
+    logits, pool = compiled.decode_paged(nxt + [0, 0], [len(prompt), len(short), 0, 0], [pages, [12, 13, 14, 15], [10], [10]], pool)
+    for r, (p, tok) in enumerate(zip((prompt, short), nxt)):
+        cache = eager.new_cache(1, T)
+        eager.prefill(torch.tensor([p]), cache)
+        ref = eager.decode(torch.tensor([tok]), cache, torch.tensor([len(p)]))
+        assert (logits[r] - ref[0]).abs().max().item() <= 1e-4
+
+
+def test_paged_calls_refuse_bad_tables(compiled):
+    pool = compiled.new_pool(4)
+    with pytest.raises(InputError, match=r"page ids must be in \[0, 4\) for a pool of 4 pages, found \[0, 4\]"):
+        compiled.prefill_paged(PROMPTS[1], 0, 5, [0, 4], pool)
+    with pytest.raises(InputError, match=r"2 pages of 4 hold positions below 8, but position 8 is needed"):
+        compiled.prefill_paged(list(range(9)), 0, 9, [0, 1], pool)
+    with pytest.raises(InputError, match=r"one token, position and page table per row, found 1, 1 and 2"):
+        compiled.decode_paged([1], [0], [[0], [1]], pool)
+    with pytest.raises(InputError, match=r"no decode_paged function for batch size 3"):
+        compiled.decode_paged([1, 2, 3], [0, 0, 0], [[0], [1], [2]], pool)
+    with pytest.raises(InputError, match=r"takes a pool from new_pool"):
+        compiled.decode_paged([1], [0], [[0]], compiled.new_cache(1))
+
+
+# --- the engine over the pool ----------------------------------------------------------------
+@pytest.mark.parametrize("chunk_tokens", [256, 3])
+def test_paged_engine_results_equal_each_request_alone(compiled, engines, chunk_tokens):
+    lengths = [5 + (3 * i) % 9 for i in range(8)]
+    want = [greedy(compiled, prompt, n) for prompt, n in zip(PROMPTS, lengths)]
+    engine = engines(paged=True, max_queue=16, chunk_tokens=chunk_tokens)
+    assert (engine.page_size, engine.kv_pages) == (PAGE, 4 * T // PAGE)
+    collectors = [Collect() for _ in PROMPTS]
+    for prompt, n, c in zip(PROMPTS, lengths, collectors):  # 8 requests, 4 decode slots
+        engine.submit(prompt, SamplingParams(max_tokens=n), c)
+    for w, c in zip(want, collectors):
+        assert c.wait().reason == "length" and c.ids == w
+    stats = engine.stats()
+    assert stats.kv_pages_used == 0 and stats.kv_pages_used + stats.kv_pages_cached + stats.kv_pages_free == stats.kv_pages
+
+
+def test_a_shared_prefix_is_prefilled_once_and_gives_the_same_answers(compiled, engines):
+    system = [(5 * j + 2) % 256 for j in range(13)]  # 3 full pages and one token
+    prompts = [system + [40 + i, 41 + i] for i in range(3)]
+    want = [greedy(compiled, p, 4) for p in prompts]
+    starts = []
+    engine = engines(model=Hooked(compiled, "prefill_paged", lambda n: None, record=starts), paged=True, batch_size=1)
+    got = [run_alone(engine, p, SamplingParams(max_tokens=4)).ids for p in prompts]
+    assert got == want
+    # The first prefills from 0; the others find the system prompt's 3 full pages cached.
+    assert starts == [0, 3 * PAGE, 3 * PAGE]
+    assert engine.stats().prefix_cache_hit_tokens == 2 * 3 * PAGE
+
+
+def test_requests_wait_for_pages_and_a_request_larger_than_the_pool_is_refused(compiled, engines):
+    # A pool of 6 pages (24 positions): two requests of 3 pages each fit at once, a third waits.
+    engine = engines(paged=True, kv_pages=6)
+    with pytest.raises(InputError, match=r"needs 7 KV-cache pages of 4 positions; the pool has 6"):
+        engine.submit(PROMPTS[0], SamplingParams(max_tokens=25), Collect())
+    params = SamplingParams(max_tokens=12 - len(PROMPTS[0]))
+    want = greedy(compiled, PROMPTS[0], params.max_tokens)
+    collectors = [Collect() for _ in range(5)]
+    for c in collectors:
+        engine.submit(PROMPTS[0], params, c)
+    for c in collectors:
+        assert c.wait().ids == want
+    stats = engine.stats()
+    assert (stats.kv_pages, stats.kv_pages_used, stats.waiting, stats.running) == (6, 0, 0, 0)
+
+
+def test_a_failed_chunk_frees_its_pages_and_registers_none(compiled, engines):
+    def fail_first(n):
+        if n == 1:
+            raise RuntimeError("injected")
+
+    engine = engines(model=Hooked(compiled, "prefill_paged", fail_first), paged=True, batch_size=1)
+    failed = run_alone(engine, PROMPTS[7], SamplingParams(max_tokens=3))
+    assert failed.reason == "error" and failed.ids == []
+    assert engine.stats().kv_pages_used == 0 and engine.stats().kv_pages_cached == 0
+    assert run_alone(engine, PROMPTS[7], SamplingParams(max_tokens=3)).ids == greedy(compiled, PROMPTS[7], 3)
+
+
+def test_paged_needs_the_functions(compiled, engines, tmp_path):
+    with pytest.raises(InputError, match=r"kv_pages needs a paged cache"):
+        engines(paged=False, kv_pages=8, start=False)
+    with pytest.raises(InputError, match=r"a paged cache needs chunked prefill"):
+        engines(paged=True, chunk_tokens=None, start=False)
