@@ -81,7 +81,9 @@ def cmd_export(args) -> int:
         compile=not args.no_compile,
         progress=lambda m: say(args, m),
     )
-    if s["page_size"]:
+    if s["page_size"] is not None:
+        if isinstance(s["page_size"], bool) or int(s["page_size"]) < 1:
+            raise CliError(f"--page-size must be a number of positions >= 1, found {s['page_size']!r}")
         options["page_size"] = int(s["page_size"])
     out = Path(args.output_dir)
     manifest = export_artifact(model, out, hosts=s["hosts"] and int(s["hosts"]), **options)

@@ -160,9 +160,9 @@ def export_artifact(
     positions; a plan of one microbatch path on one host only."""
     over_hosts = model.plan.on_hosts(hosts)
     if page_size is not None and (over_hosts.host_count > 1 or len(model.plan.paths) != 1):
-        raise ValueError(
+        raise PlanError(
             f"a paged cache (page size {page_size}) needs one host and one microbatch path; this plan has "
-            f"{over_hosts.host_count} hosts and {len(model.plan.paths)} paths"
+            f"{over_hosts.host_count} hosts and {len(model.plan.paths)} microbatch paths; export it without --page-size"
         )
     if page_size is not None and page_size < 1:
         raise ValueError(f"page size must be >= 1, found {page_size}")

@@ -4,10 +4,13 @@ pages shared and bit-identical to a fresh prefill, requests waiting for pages, n
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
 from engine_artifact import PAGE, T
+from reliability.reltools import soak
 from test_engine import PROMPTS, Collect, Hooked, greedy, run_alone
 
 from sharktank.models import load_model
@@ -132,3 +135,57 @@ def test_paged_needs_the_functions(compiled, engines, tmp_path):
         engines(paged=False, kv_pages=8, start=False)
     with pytest.raises(InputError, match=r"a paged cache needs chunked prefill"):
         engines(paged=True, chunk_tokens=None, start=False)
+
+
+# --- a mixed load over a small pool (CI-sized; the soak runs 200) ----------------------------
+def _mixed(seed: int, n: int):
+    """``n`` (prompt, max_tokens, cancel_after) triples: prompts cut from 3 shared stems or not,
+    half cancelled after 0, 1 or 2 tokens."""
+    rng = random.Random(seed)
+    stems = [[rng.randrange(256) for _ in range(14)] for _ in range(3)]
+    out = []
+    for _ in range(n):
+        stem = stems[rng.randrange(3)] if rng.random() < 0.7 else []
+        prompt = stem[: rng.randrange(len(stem) + 1)] + [rng.randrange(256) for _ in range(rng.randrange(1, 6))]
+        out.append((prompt, rng.randrange(1, min(12, T - len(prompt)) + 1), rng.choice([None, None, None, 0, 1, 2])))
+    return out
+
+
+def run_mixed(compiled, engines, seed: int, n: int, kv_pages: int) -> None:
+    load = _mixed(seed, n)
+    want = [greedy(compiled, p, m) for p, m, _ in load]  # expectations first: no engine runs yet
+    engine = engines(paged=True, kv_pages=kv_pages, max_queue=n)
+    collectors = []
+    for prompt, max_tokens, cancel_after in load:
+        def then(c, e, cancel_after=cancel_after):
+            if cancel_after and len(c.ids) >= cancel_after and getattr(c, "request", None) is not None:
+                c.request.cancel()
+
+        c = Collect(then)
+        c.request = engine.submit(prompt, SamplingParams(max_tokens=max_tokens), c)
+        if cancel_after == 0:
+            c.request.cancel()
+        collectors.append(c)
+    finished = 0
+    for (prompt, max_tokens, cancel_after), w, c in zip(load, want, collectors):
+        c.wait()
+        if cancel_after is None:
+            assert c.reason == "length" and c.ids == w, (prompt, max_tokens)
+            finished += 1
+        else:  # cancelled, or done before the cancel came: what came is the request's own
+            assert c.reason in ("cancelled", "length") and c.ids == w[: len(c.ids)], (prompt, max_tokens)
+    stats = engine.stats()
+    assert (stats.waiting, stats.running, stats.kv_pages_used) == (0, 0, 0)  # no page leaked
+    assert stats.kv_pages_cached + stats.kv_pages_free == kv_pages and stats.prefix_cache_hit_tokens > 0
+    engine._scheduler.pool.check()  # the pool's books agree (free, cached, referenced, LRU)
+    assert finished > n // 4  # half are never cancelled
+
+
+def test_a_mixed_load_over_a_small_pool_equals_each_request_alone(compiled, engines):
+    # 12 pages of 4 for 4 slots: requests wait for pages and cached prefixes are evicted.
+    run_mixed(compiled, engines, seed=0, n=40, kv_pages=12)
+
+
+@soak
+def test_soak_mixed_load_over_a_small_pool(compiled, engines):
+    run_mixed(compiled, engines, seed=1, n=200, kv_pages=10)

@@ -1,0 +1,34 @@
+"""`export --page-size` from the command line: the paged functions in the manifest, and the
+refusals of what cannot be paged (no compile: the compiled functions are tested in
+tests/serving/test_engine_paged.py)."""
+
+from __future__ import annotations
+
+import json
+
+from sharktank.export.manifest import Manifest
+from test_export_run import sharktank
+
+
+def test_export_page_size_writes_the_paged_functions(tmp_path):
+    out = tmp_path / "art"
+    p = sharktank("export", "--model", "toy-llama", "--tp", "2", "--batch-sizes", "1,4", "--max-seq-len", "40", "--page-size", "16",
+                  "--no-compile", "--json", "--output-dir", out)
+    transfers = json.loads(p.stdout)["transfers"]
+    assert {"prefill_paged_bs1", "decode_paged_bs1", "decode_paged_bs4"} <= set(transfers)
+    m = Manifest.read(out)
+    assert m.batch_sizes == (1, 4)  # the one-sequence paged prefill adds no batch size
+    prefill, decode = m.find("prefill_paged", 1), m.find("decode_paged", 4)
+    assert (prefill.page_size, prefill.max_pages, decode.max_pages) == (16, 3, 3)  # ceil(40 / 16)
+    assert [a.name for a in decode.inputs] == ["tokens", "positions", "pages"] and decode.inputs[2].shape == (4, 3)
+    assert prefill.inputs[2].shape == (1, "Wp")
+    # Each block's pool: keys and values split over the 2 devices by KV head, any page count.
+    assert {a.shape for a in decode.cache_args} == {("P", 16, 2, 8)} and len(decode.cache_args) == 4 * 2 * 2
+
+
+def test_export_page_size_refusals(tmp_path):
+    p = sharktank("export", "--model", "toy-llama", "--page-size", "0", "--no-compile", "--output-dir", tmp_path / "a", check=False)
+    assert p.returncode == 2 and "--page-size must be a number of positions >= 1, found 0" in p.stderr
+    p = sharktank("export", "--model", "toy-llama", "--pp", "2", "--hosts", "2", "--page-size", "4", "--no-compile", "--output-dir", tmp_path / "b", check=False)
+    assert p.returncode == 2 and "needs one host and one microbatch path; this plan has 2 hosts" in p.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
