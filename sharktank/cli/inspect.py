@@ -62,6 +62,7 @@ def cmd_inspect(args) -> int:
         "versions": m.versions,
         "tokenizer": m.tokenizer,
         "experts": m.experts,
+        "kv_cache": _kv_cache(m),
     }
     if args.json:
         print(json.dumps(info))
@@ -72,6 +73,9 @@ def cmd_inspect(args) -> int:
     if c.get("num_experts"):
         split = "whole experts per device over each tensor-parallel group" if m.experts == "experts" else "each expert split as the dense FFN"
         print(f"experts: {c['num_experts']} per block, {c['num_experts_per_tok']} per token; {split}")
+    kv = info["kv_cache"]
+    paged = f"; paged: pages of {kv['page_size']} positions, up to {kv['max_pages']} per sequence" if kv["page_size"] else ""
+    print(f"kv cache: {kv['max_seq_len']} positions per batch row{paged}")
     print("transfers per function:", ", ".join(f"{k}: {v}" for k, v in info["transfers"].items()))
     tok = info["tokenizer"]
     print("tokenizer:", "none (token ids only)" if tok is None else tok["kind"] + (f" {tok['file']}, EOS ids {tok['eos_token_ids']}" if tok["kind"] == "hf" else ""))
@@ -97,3 +101,9 @@ def add_parser(sub) -> None:
     i.add_argument("--png", metavar="FILE", help="also write the same drawing as a PNG image (2 pixels per SVG unit) to FILE; "
                    "needs Pillow: pip install 'sharktank[draw]'")
     i.set_defaults(func=cmd_inspect)
+
+
+def _kv_cache(m) -> dict:
+    """The cache the functions take: the contiguous length and, when exported, the pages."""
+    paged = m.find("prefill_paged", 1)
+    return {"max_seq_len": m.max_seq_len, "page_size": paged.page_size if paged else None, "max_pages": paged.max_pages if paged else None}

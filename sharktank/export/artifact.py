@@ -179,7 +179,8 @@ def export_artifact(
         check_compilable_device_count(plan.device_count)
     max_seq_len = checked_length(model, max_seq_len, tuple(batch_sizes), target, progress)
     t0 = time.perf_counter()
-    progress(f"exporting {', '.join(f'prefill_bs{b}/decode_bs{b}' for b in batch_sizes)} over {plan.device_count} devices")
+    paged = f" and the paged functions (pages of {page_size})" if page_size is not None else ""
+    progress(f"exporting prefill and decode for batch sizes {', '.join(map(str, batch_sizes))}{paged} over {plan.device_count} devices")
     # Attention unfused for every target: IREE 3.10's fused attention op is slow on CPU
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
     output, weights, specs = export_llama(

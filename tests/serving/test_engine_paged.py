@@ -189,3 +189,22 @@ def test_a_mixed_load_over_a_small_pool_equals_each_request_alone(compiled, engi
 @soak
 def test_soak_mixed_load_over_a_small_pool(compiled, engines):
     run_mixed(compiled, engines, seed=1, n=200, kv_pages=10)
+
+
+def test_kv_cache_gib_as_pages(compiled):
+    # toy-llama: 4 blocks x (keys, values) x 4 positions x 4 KV heads x 8 dims x 4 bytes a page.
+    assert compiled.page_bytes() == {0: 4 * 2 * PAGE * 4 * 8 * 4}
+    assert compiled.pages_in(10 * 4096 / 2**30) == 10
+    with pytest.raises(InputError, match=r"holds 1 KV-cache pages of 4096 bytes on the busiest device; at least 2 are needed"):
+        compiled.pages_in(4096 / 2**30)
+    from types import SimpleNamespace
+
+    from sharktank.cli.common import CliError
+    from sharktank.cli.serve import _kv_pages
+
+    args = SimpleNamespace(kv_cache_gib=10 * 4096 / 2**30, prefill_chunk=256, dir="art")
+    assert _kv_pages(args, compiled) == 10
+    with pytest.raises(CliError, match=r"this host has .* GiB available"):
+        _kv_pages(SimpleNamespace(**(args.__dict__ | {"kv_cache_gib": 1e6})), compiled)
+    with pytest.raises(CliError, match=r"--kv-cache-gib needs chunked prefill"):
+        _kv_pages(SimpleNamespace(**(args.__dict__ | {"prefill_chunk": None})), compiled)
