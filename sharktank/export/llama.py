@@ -9,7 +9,8 @@ Functions, for each batch size ``B``:
 - ``decode_bs{B}(tokens[B, 1], positions[B, 1], *cache) -> (logits[B, 1, vocab], *cache)``;
 - for ``B > 1``, ``prefill_row_bs{B}(tokens[1, S], positions[1, S], row[1], *cache) ->
   (logits[1, S, vocab], *cache)``: one prompt prefilled into batch row ``row`` of the batch-B
-  cache (the row starts afresh: zeros past the prompt), every other row left as it was
+  cache (with one microbatch as a chunk from position 0: the row's entries past the prompt
+  keep what they held; with several, zeros), every other row left as it was
   (continuous batching admits a request into a free row this way). For ``B = 1`` it would be
   ``prefill_bs1``, so it is not exported.
 - ``prefill_chunk_bs{B}(tokens[1, C], positions[1, C], row[1], span[W], *cache) ->
@@ -415,7 +416,14 @@ def export_llama(
 
         def forward_row(module, tokens, positions, row, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
-            out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
+            if len(paths) == 1:
+                # One microbatch: a prompt from position 0 written into row `row` as a chunk is,
+                # attending over its own S entries. (The row-slice form below, zeros written
+                # back, gave wrong logits in IREE 3.10 for SmolLM2 at 1024 and 2048 entries.)
+                out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=tokens.shape[1], rows=row)
+                new_entries = [new]
+            else:
+                out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
             if out.dtype == torch.bfloat16:
                 out = out.view(torch.int16)
             return (out, *pytree.tree_leaves(new_entries))

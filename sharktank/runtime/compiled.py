@@ -89,8 +89,9 @@ class PrefillDecode:
     def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
         """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
         into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
-        :meth:`new_cache` or a previous call); the row starts afresh (zeros past the prompt),
-        the other rows are left as they were."""
+        :meth:`new_cache` or a previous call); past the prompt the row keeps what it held (a
+        program of several microbatches writes zeros there), never read (the causal mask:
+        the row's next writes come first), and the other rows are left as they were."""
         _check_tokens(tokens)
         if tokens.shape[0] != 1:
             raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
@@ -111,8 +112,8 @@ class PrefillDecode:
         Prompts for more than half the rows: one ``prefill_rows_bs{B}`` call, every prompt
         right-padded to the longest (rows not named run padding of length 0, whose cache
         writes are dropped, so the call costs a batch-``B`` prefill of that length). Fewer:
-        one ``prefill_row_bs{B}`` call per prompt, each computing its own row only (its row
-        starts afresh; ``prefill_bs1`` for ``B = 1``), which costs less where prefill is
+        one ``prefill_row_bs{B}`` call per prompt, each computing its own row only
+        (``prefill_bs1`` for ``B = 1``), which costs less where prefill is
         compute-bound (a 1B model on a CPU) and about the same where it is not. An artifact
         exported before ``prefill_rows`` existed always gets one ``prefill_row`` per prompt."""
         batch = self._cache_batch(cache)
