@@ -17,7 +17,7 @@ pytest.importorskip("prometheus_client")
 
 from live import LiveServer  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from toy_artifact import BATCH, toy_artifact  # noqa: E402
+from toy_artifact import BATCH, MAX_SEQ_LEN, PAGE, toy_artifact  # noqa: E402
 
 from sharktank.runtime import CompiledModel  # noqa: E402
 from sharktank.serving.engine import Engine  # noqa: E402
@@ -109,6 +109,9 @@ def _count_and_gauge(s: LiveServer, gated: Gated) -> None:
     assert all(a["choices"][0]["finish_reason"] == "length" for a in answers)
     m = until(s.url, lambda m: m["sharktank_requests_total{finish_reason=length}"] == 4, "4 finished requests")
     assert m["sharktank_rows_running"] == 0 and m["sharktank_requests_waiting"] == 0
+    # The paged cache: every page back, none held; the pool is BATCH rows' worth of pages.
+    assert m["sharktank_kv_pages"] == BATCH * MAX_SEQ_LEN // PAGE and m["sharktank_kv_pages_used"] == 0
+    assert m["sharktank_kv_pages_cached"] + m["sharktank_kv_pages_free"] == m["sharktank_kv_pages"]
     assert m["sharktank_prompt_tokens_total"] == sum(len(p) for p in prompts) == sum(a["usage"]["prompt_tokens"] for a in answers)
     assert m["sharktank_generation_tokens_total"] == 4 * 5
     assert m["sharktank_time_to_first_token_seconds_count"] == 4 and m["sharktank_inter_token_latency_seconds_count"] == 4 * 4
