@@ -44,23 +44,15 @@ def _kv_pages(args, model) -> int | None:
         raise CliError(f"{args.dir}: --kv-cache-gib needs the paged functions (export with --page-size)")
     if args.prefill_chunk is None:
         raise CliError("--kv-cache-gib needs chunked prefill (the paged cache is filled in chunks); drop --prefill-chunk off")
+    from ..export.cache_size import host_memory_available
+
     pages = model.pages_in(args.kv_cache_gib)
     if model.driver in ("local-task", "local-sync"):
         need = (pages + 1) * sum(model.page_bytes().values())
-        available = _mem_available()
+        available = host_memory_available()
         if available is not None and need > available:
             raise CliError(f"--kv-cache-gib {args.kv_cache_gib}: a pool of {pages} pages takes {need / 2**30:.2f} GiB, but this host has {available / 2**30:.2f} GiB available")
     return pages
-
-
-def _mem_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _serve_loader(args, distributed: bool, held: dict):

@@ -36,6 +36,19 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def host_memory_available() -> int | None:
+    """The memory this host can give a new allocation now (``MemAvailable``), or None where
+    ``/proc/meminfo`` does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 

@@ -285,6 +285,17 @@ def _holds_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
     return ((row - start) == _local_row(row, start=start, n=n)).reshape(-1, 1, 1, 1)
 
 
+def logits_out(out: torch.Tensor) -> torch.Tensor:
+    """Logits as a function returns them: bfloat16 as its int16 bits (numpy-based runtimes
+    cannot read bfloat16), other dtypes as they are."""
+    return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
+
+
+def logits_dtype(model: LlamaModel) -> str:
+    """The manifest's dtype of the logits :func:`logits_out` returns."""
+    return "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else str(model.dtype).removeprefix("torch.")
+
+
 def row_index(row: torch.Tensor, home: int):
     """``devices -> row`` there: the batch row index ``row`` (``[1]`` int64 on device ``home``)
     replicated to each device group that asks, once per group."""
@@ -365,8 +376,7 @@ def export_llama(
     t = max_seq_len or model.config.max_seq_len
     first_device = model.plan.devices(0, model.plan.paths[0][0])[0]
     specs: dict[str, dict] = {}
-    dtype_name = str(model.dtype).removeprefix("torch.")
-    logits_dtype = "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else dtype_name
+    logits_type = logits_dtype(model)
 
     for b in batch_sizes:
         cache = model.new_cache(b, t, placeholder=True)  # a long cache costs no memory here
@@ -402,17 +412,12 @@ def export_llama(
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)
-            out = torch.cat(logits, 0) if len(logits) > 1 else logits[0]
-            if out.dtype == torch.bfloat16:
-                out = out.view(torch.int16)  # numpy-based runtimes cannot read bf16: return the bits
-            return (out, *flat_new)
+            return (logits_out(torch.cat(logits, 0) if len(logits) > 1 else logits[0]), *flat_new)
 
         def prefill_chunk(module, tokens, positions, row, span, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=span.shape[0], rows=row)
-            if out.dtype == torch.bfloat16:
-                out = out.view(torch.int16)
-            return (out, *pytree.tree_leaves([new]))
+            return (logits_out(out), *pytree.tree_leaves([new]))
 
         def forward_row(module, tokens, positions, row, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
@@ -424,9 +429,7 @@ def export_llama(
                 new_entries = [new]
             else:
                 out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
-            if out.dtype == torch.bfloat16:
-                out = out.view(torch.int16)
-            return (out, *pytree.tree_leaves(new_entries))
+            return (logits_out(out), *pytree.tree_leaves(new_entries))
 
         cache_args = cache_arg_specs(leaves, cache_devices)
         # kind -> (rows of tokens, example length, index arguments, traced function);
@@ -457,7 +460,7 @@ def export_llama(
             specs[name] = {
                 "batch_size": b,
                 "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, _, shape in named] + cache_args,
-                "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": logits_dtype}]
+                "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": logits_type}]
                 + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
                 "cache": {"paths": paths, "rows": rows, "max_seq_len": t},
             }
@@ -488,14 +491,11 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
     example = most + 3  # pool pages while tracing (any count: dim 0 is dynamic)
     pool = model.new_pool(example, page_size, placeholder=True)
     leaves, spec, pool_devices = _flat_cache(pool)
-    dtype_name = "int16 (bfloat16 bits)" if model.dtype == torch.bfloat16 else str(model.dtype).removeprefix("torch.")
 
     def paged(module, tokens, positions, pages, *pool_leaves):
         entries = pytree.tree_unflatten(list(pool_leaves), spec)
         out, new = model.forward_path(tokens, positions, entries[0], 0, module.stages(), window=pages.shape[1] * page_size, pages=pages)
-        if out.dtype == torch.bfloat16:
-            out = out.view(torch.int16)
-        return (out, *pytree.tree_leaves([new]))
+        return (logits_out(out), *pytree.tree_leaves([new]))
 
     pool_dim = torch.export.Dim("pool_pages", min=2)
     pool_args = [dict(a, shape=["P", *a["shape"][1:]]) for a in cache_arg_specs(leaves, pool_devices)]
@@ -520,7 +520,7 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
         specs[name] = {
             "batch_size": rows_in,
             "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, shape in named] + pool_args,
-            "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": dtype_name}]
+            "results": [{"name": "logits", "shape": [rows_in, length, model.config.vocab_size], "dtype": logits_dtype(model)}]
             + [{"name": f"cache.{i}", "same_as_arg": len(named) + i} for i in range(len(leaves))],
             "cache": {"paths": [0], "rows": [[0, rows_in]], "max_seq_len": max_seq_len, "page_size": page_size, "max_pages": most},
         }

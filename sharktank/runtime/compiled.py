@@ -23,16 +23,13 @@ import numpy as np
 import torch
 
 from ..export.compile import TARGETS
-from ..export.manifest import ArtifactError, FunctionSpec, Manifest, find_function, path_inside
+from ..export.manifest import ArgSpec, ArtifactError, FunctionSpec, Manifest, find_function, path_inside
+from .inputs import InputError, check_chunk
 from .paged import PagedCalls
 from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
 
 __all__ = ["ArtifactError", "InputError", "ModelLost", "read_manifest", "PrefillDecode", "CompiledModel", "generate_greedy"]
-
-
-class InputError(ValueError):
-    """Inputs a compiled model cannot take (shape, dtype, token ids, length, batch size)."""
 
 
 class ModelLost(RuntimeError):
@@ -154,12 +151,8 @@ class PrefillDecode:
         spec = self.find("prefill_chunk", batch)
         if spec is None:
             raise InputError(f"no prefill_chunk function for batch size {batch} (artifacts of several microbatches, or exported before it existed, have none)")
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise InputError(f"the prompt must be a list of integer token ids, found {prompt!r:.80}")
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, row))
-        if not ints or not 0 <= start < end <= len(prompt):
-            raise InputError(f"start and end must be integers with 0 <= start < end <= {len(prompt)} (the prompt's length), found {start!r} and {end!r}")
-        if not 0 <= row < batch:
+        check_chunk(prompt, start, end)
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:
             raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
         if max(end, 2) > spec.max_seq_len:
             raise InputError(f"a chunk ending at position {end - 1} is past the exported cache length {spec.max_seq_len}")
@@ -277,16 +270,15 @@ class CompiledModel(PagedCalls, PrefillDecode):
 
     def new_cache(self, batch: int) -> list:
         spec = self.function("prefill", batch)
-        import iree.runtime as rt
+        return [self.zeros(a.shape, a) for a in spec.cache_args]
 
-        cache = []
-        for a in spec.cache_args:
-            if a.dtype == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
-                arr = self.session.place(np.zeros(a.shape, np.uint16), a.device, rt.HalElementType.BFLOAT_16)
-            else:
-                arr = self.session.place(np.zeros(a.shape, np.dtype(a.dtype)), a.device)
-            cache.append(arr)
-        return cache
+    def zeros(self, shape: Sequence[int], arg: ArgSpec):
+        """A zeroed device array of ``shape`` in ``arg``'s dtype on ``arg``'s device."""
+        if arg.dtype == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
+            import iree.runtime as rt
+
+            return self.session.place(np.zeros(shape, np.uint16), arg.device, rt.HalElementType.BFLOAT_16)
+        return self.session.place(np.zeros(shape, np.dtype(arg.dtype)), arg.device)
 
     def check_inputs(self, spec: FunctionSpec, tokens: torch.Tensor, positions: torch.Tensor, cache: list) -> None:
         """Refuse what ``spec``'s function cannot take (positions, ids, cache arrays)."""

@@ -16,16 +16,9 @@ import numpy as np
 import torch
 
 from ..export.manifest import FunctionSpec
+from .inputs import InputError, check_chunk, int_list
 
 __all__ = ["PagedCalls"]
-
-
-def _ints(values, what: str) -> list[int]:
-    if not isinstance(values, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        from .compiled import InputError
-
-        raise InputError(f"{what} must be a list of integers, found {values!r:.80}")
-    return list(values)
 
 
 class PagedCalls:
@@ -45,16 +38,13 @@ class PagedCalls:
     def page_bytes(self) -> dict[int, int]:
         """Bytes one pool page takes on each device (its blocks' keys and values there)."""
         spec = self._paged_spec("prefill_paged", 1)
-        size = {"float32": 4, "float16": 2, "bfloat16": 2}
         out: dict[int, int] = {}
         for a in spec.cache_args:
-            out[a.device] = out.get(a.device, 0) + int(np.prod(a.shape[1:])) * size.get(a.dtype, np.dtype(a.dtype).itemsize)
+            out[a.device] = out.get(a.device, 0) + int(np.prod(a.shape[1:])) * getattr(torch, a.dtype).itemsize
         return out
 
     def pages_in(self, gib: float) -> int:
         """The pool pages that fit in ``gib`` GiB on every device (the busiest device decides)."""
-        from .compiled import InputError
-
         if not gib > 0:
             raise InputError(f"the KV-cache size must be > 0 GiB, found {gib!r}")
         per_device = max(self.page_bytes().values())
@@ -64,8 +54,6 @@ class PagedCalls:
         return pages
 
     def _paged_spec(self, kind: str, batch: int) -> FunctionSpec:
-        from .compiled import InputError
-
         spec = self.find(kind, batch)
         if spec is None:
             have = "" if self.find("prefill_paged", 1) is not None else " (export with --page-size to have them)"
@@ -75,25 +63,12 @@ class PagedCalls:
     def new_pool(self, num_pages: int) -> list:
         """A zeroed pool of ``num_pages`` pages per block on the devices (the cache arrays of
         the paged functions)."""
-        import iree.runtime as rt
-
-        from .compiled import InputError
-
         spec = self._paged_spec("prefill_paged", 1)
         if not isinstance(num_pages, int) or num_pages < 2:
             raise InputError(f"a pool needs at least 2 pages, found {num_pages!r}")
-        pool = []
-        for a in spec.cache_args:
-            shape = (num_pages, *a.shape[1:])
-            if a.dtype == "bfloat16":  # numpy has no bfloat16: zeros as uint16 bits
-                pool.append(self.session.place(np.zeros(shape, np.uint16), a.device, rt.HalElementType.BFLOAT_16))
-            else:
-                pool.append(self.session.place(np.zeros(shape, np.dtype(a.dtype)), a.device))
-        return pool
+        return [self.zeros((num_pages, *a.shape[1:]), a) for a in spec.cache_args]
 
     def _pool_pages(self, spec: FunctionSpec, pool) -> int:
-        from .compiled import InputError
-
         shapes = [tuple(a.shape) for a in pool] if isinstance(pool, (list, tuple)) and all(hasattr(a, "shape") for a in pool) else None
         want = [a.shape[1:] for a in spec.cache_args]
         if shapes is None or [s[1:] for s in shapes] != want or len({s[0] for s in shapes}) != 1:
@@ -112,8 +87,6 @@ class PagedCalls:
         return logits, list(out[1:])
 
     def _check_table(self, table: list[int], count: int, need: int, size: int, what: str) -> None:
-        from .compiled import InputError
-
         if any(not 0 <= p < count for p in table):
             raise InputError(f"{what}: page ids must be in [0, {count}) for a pool of {count} pages, found {table}")
         if len(table) * size < need:
@@ -129,13 +102,9 @@ class PagedCalls:
         positions fall in are written. A one-token chunk runs with a dummy token after it, so
         ``pages`` must then also cover position ``end`` (which the sequence's next write, its
         first decode step, replaces before anything reads it)."""
-        from .compiled import InputError
-
         spec = self._paged_spec("prefill_paged", 1)
-        prompt, table = _ints(prompt, "the prompt"), _ints(pages, "pages")
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end))
-        if not ints or not 0 <= start < end <= len(prompt):
-            raise InputError(f"start and end must be integers with 0 <= start < end <= {len(prompt)} (the prompt's length), found {start!r} and {end!r}")
+        check_chunk(prompt, start, end)
+        prompt, table = list(prompt), int_list(pages, "pages")
         count = self._pool_pages(spec, pool)
         ids = prompt[start:end] + ([0] if end - start == 1 else [])
         self._check_table(table, count, start + len(ids), spec.page_size, "prefill_paged")
@@ -151,16 +120,14 @@ class PagedCalls:
         the sequence whose page table is ``tables[b]``, one row each (``B`` an exported batch
         size). A row not in use can point at any page it may write: its token's entry goes to
         ``positions[b]`` through its table."""
-        from .compiled import InputError
-
-        tokens, positions = _ints(tokens, "tokens"), _ints(positions, "positions")
+        tokens, positions = int_list(tokens, "tokens"), int_list(positions, "positions")
         if len(tokens) != len(positions) or len(tables) != len(tokens):
             raise InputError(f"decode_paged takes one token, position and page table per row, found {len(tokens)}, {len(positions)} and {len(tables)}")
         spec = self._paged_spec("decode_paged", len(tokens))
         count = self._pool_pages(spec, pool)
         rows = []
         for b, (pos, table) in enumerate(zip(positions, tables)):
-            table = _ints(table, f"tables[{b}]")
+            table = int_list(table, f"tables[{b}]")
             if pos < 0:
                 raise InputError(f"positions must be >= 0, found {pos}")
             self._check_table(table, count, pos + 1, spec.page_size, f"decode_paged row {b}")

@@ -207,8 +207,8 @@ class Engine:
             if self._stopped:
                 raise RuntimeError(f"the engine stopped: {self.failure}" if self.failure else "the engine is stopped")
             request = Request(next(self._ids), list(prompt), params, on_event, self._wake)
-            if isinstance(self._scheduler, PagedScheduler) and self._scheduler.pages_needed(request) > self.kv_pages:
-                need = self._scheduler.pages_needed(request)
+            need = self._scheduler.pages_needed(request) if isinstance(self._scheduler, PagedScheduler) else 0
+            if need > self.kv_pages:
                 raise InputError(
                     f"a prompt of {len(prompt)} tokens plus max_tokens {params.max_tokens} needs {need} KV-cache pages of "
                     f"{self.page_size} positions; the pool has {self.kv_pages} (serve --kv-cache-gib)"

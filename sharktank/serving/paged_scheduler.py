@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .events import EngineError
-from .pages import Allocation, PagePool
+from .pages import PagePool
 from .plan import PrefillCall, StepPlan
 from .request import Request
 from .scheduler import Scheduler, _Running
@@ -44,7 +44,6 @@ class PagedScheduler(Scheduler):
     def __init__(self, batch_size: int, *, max_queue: int, chunk_tokens: int, pool: PagePool, max_seq_len: int):
         super().__init__(batch_size, max_queue=max_queue, batched_prefill=False, chunk_tokens=chunk_tokens, max_seq_len=max_seq_len)
         self.pool = pool
-        self._allocs: list[Allocation | None] = [None] * batch_size
 
     def pages_needed(self, request: Request) -> int:
         """The pages ``request`` reserves when admitted (its prompt and ``max_tokens``)."""
@@ -52,14 +51,13 @@ class PagedScheduler(Scheduler):
 
     def table(self, row: int) -> tuple[int, ...]:
         """Slot ``row``'s page table in device page ids (the scratch page for a free slot)."""
-        alloc = self._allocs[row]
-        return tuple(p + 1 for p in alloc.pages) if alloc is not None else (SCRATCH_PAGE,)
+        run = self._rows[row]
+        return tuple(p + 1 for p in run.pages.pages) if run is not None else (SCRATCH_PAGE,)
 
     def drain(self, error: EngineError):
-        for r, alloc in enumerate(self._allocs):
-            if alloc is not None:
-                self.pool.close(alloc)
-                self._allocs[r] = None
+        for run in self._rows:
+            if run is not None:
+                self.pool.close(run.pages)
         return super().drain(error)
 
     # --- the chunked mode's steps, over pages ------------------------------------------------------
@@ -67,12 +65,11 @@ class PagedScheduler(Scheduler):
         """Slot ``r`` leaves its request: the pages its finished chunks wrote join the prefix
         cache, and its references are dropped. ``held`` given (a failed call: what it wrote is
         unknown): nothing is registered."""
-        run, alloc = self._rows[r], self._allocs[r]
-        if alloc is not None:
-            if held is None and run is not None:
-                self.pool.commit(alloc, run.request.prompt, run.prefilled)
-            self.pool.close(alloc)
-            self._allocs[r] = None
+        run = self._rows[r]
+        if run is not None:
+            if held is None:
+                self.pool.commit(run.pages, run.request.prompt, run.prefilled)
+            self.pool.close(run.pages)
         super()._free(r, held=[])
 
     def _dummy_position(self, r: int) -> int:
@@ -94,15 +91,14 @@ class PagedScheduler(Scheduler):
             self.pool.record(alloc)
             self._waiting.popleft()
             r = free[0]
-            self._rows[r] = _Running(request, position=request.prompt_tokens, prefilled=alloc.cached_tokens)
-            self._allocs[r] = alloc
+            self._rows[r] = _Running(request, position=request.prompt_tokens, prefilled=alloc.cached_tokens, pages=alloc)
             self._order.append(r)
 
     def _schedule_chunks(self, finished, decode) -> StepPlan:
         # The chunks planned last step have run (a failed one freed its slot): register their pages.
-        for r, run in enumerate(self._rows):
-            if run is not None and self._allocs[r] is not None:
-                self.pool.commit(self._allocs[r], run.request.prompt, run.prefilled)
+        for run in self._rows:
+            if run is not None:
+                self.pool.commit(run.pages, run.request.prompt, run.prefilled)
         plan = super()._schedule_chunks(finished, decode)
         prefills = tuple(PrefillCall(tuple(replace(p, pages=self.table(p.row)) for p in call.rows)) for call in plan.prefills)
         decode = plan.decode

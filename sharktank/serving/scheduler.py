@@ -61,6 +61,7 @@ class _Running:
     generated: int = 0
     prefilled: int = 0  # prompt tokens whose entries are written or planned (chunked prefill)
     outputs: list[int] = field(default_factory=list)  # every token generated, in order
+    pages: object = None  # the paged scheduler's pages.Allocation of this request
 
     def held(self) -> list[int]:
         """The tokens whose cache entries the row holds at positions 0, 1, ...: the prompt so far,

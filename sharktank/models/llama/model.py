@@ -112,16 +112,16 @@ class LlamaModel:
             )
         if tokens.shape != positions.shape or tokens.ndim != 2:
             raise ValueError(f"tokens {list(tokens.shape)} and positions {list(positions.shape)} must both be [B, S]")
+        if int(positions.min()) < 0:  # a negative index would write at the cache's far end
+            raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         if pages is not None:
             return self._forward_paged(tokens, positions, cache, pages)
         if int(positions.max()) >= cache.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
-        if int(positions.min()) < 0:  # a negative index would write at the cache's far end
-            raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
         if window is not None and int(positions.max()) >= window:
             raise ValueError(f"position {int(positions.max())} is past the attended window of {window} cache entries")
-        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
         if rows is not None:
             batch = sum(n for _, n in cache.rows)
             if len(cache.paths) != 1:
@@ -146,13 +146,8 @@ class LlamaModel:
             raise ValueError(f"pages must be int64 [B, Wp] with B = {tokens.shape[0]}, found {pages.dtype} {list(pages.shape)}")
         if int(pages.min()) < 0 or int(pages.max()) >= count:
             raise ValueError(f"page ids must be in [0, {count}) for a pool of {count} pages, found {int(pages.min())}..{int(pages.max())}")
-        if int(positions.min()) < 0 or int(positions.max()) >= pages.shape[1] * size:
-            raise ValueError(
-                f"positions must be in [0, {pages.shape[1] * size}) for {pages.shape[1]} pages of {size}, "
-                f"found {int(positions.min())}..{int(positions.max())}"
-            )
-        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        if int(positions.max()) >= pages.shape[1] * size:
+            raise ValueError(f"position {int(positions.max())} is past {pages.shape[1]} pages of {size} positions")
         out, pool.entries[0] = self.forward_path(tokens, positions, pool.entries[0], pool.paths[0], window=pages.shape[1] * size, pages=pages)
         return out
 
