@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = args.checkpoint or tiny_checkpoint(Path(tmp) / "ckpt")
         out = args.out or Path(tmp) / "artifact"
         # deferred: placeholder weights while tracing; the archives are written tensor by tensor.
+        # functions: generate needs only prefill and decode (serving would add prefill_row/chunk).
         manifest = export_artifact(load_model(ckpt, tp=args.tp, deferred=True), out, source=str(ckpt), max_seq_len=32,
-                                   progress=lambda msg: print(" ", msg))
+                                   functions=("prefill", "decode"), progress=lambda msg: print(" ", msg))
         print(f"wrote {out}: {manifest.device_count} devices, transfers per function {manifest.transfers}")
 
         tokens = torch.tensor([[1, 5, 9, 13, 17, 21]])

@@ -39,7 +39,8 @@ def free_port() -> int:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         one, two = Path(tmp) / "one", Path(tmp) / "two"
-        for out, extra in ((one, []), (two, ["--hosts", "2"])):
+        # The one-host program gets the two functions `run` calls (a program per host has no others).
+        for out, extra in ((one, ["--functions", "prefill,decode"]), (two, ["--hosts", "2"])):
             subprocess.run(cli("export", "--model", "toy-llama", "--pp", "2", "--max-seq-len", "32", *extra, "--output-dir", str(out), "--json"),
                            check=True, stdout=subprocess.DEVNULL, timeout=LIMIT_S)
         want = json.loads(subprocess.run(cli("run", str(one), *TOKENS), check=True, capture_output=True, text=True, timeout=LIMIT_S).stdout)

@@ -14,10 +14,10 @@ NAME = "export"
 HELP = "export (and compile) a sharded model to a directory"  # the line in `sharktank --help`
 
 _RECIPE_KEYS = {
-    "model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "max_seq_len", "page_size", "dtype", "target", "target_arch", "compile_flags", "seed",
+    "model", "tp", "ep", "pp", "hosts", "placement", "batch_sizes", "functions", "max_seq_len", "page_size", "dtype", "target", "target_arch", "compile_flags", "seed",
 }
 _DEFAULTS = {
-    "tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "max_seq_len": None, "page_size": None, "dtype": None,
+    "tp": 1, "ep": 1, "pp": None, "hosts": None, "placement": None, "batch_sizes": "1", "functions": None, "max_seq_len": None, "page_size": None, "dtype": None,
     "target": "cpu", "target_arch": None, "compile_flags": [], "seed": 0,
 }
 
@@ -35,8 +35,9 @@ def _load_recipe(path: str) -> dict:
         raise CliError(f"recipe {p}: unknown keys {sorted(unknown)}; known: {sorted(_RECIPE_KEYS)}")
     if isinstance(recipe.get("placement"), str) and not Path(recipe["placement"]).is_absolute():
         recipe["placement"] = str(p.parent / recipe["placement"])  # relative to the recipe file
-    if isinstance(recipe.get("batch_sizes"), list):
-        recipe["batch_sizes"] = ",".join(str(b) for b in recipe["batch_sizes"])
+    for key in ("batch_sizes", "functions"):
+        if isinstance(recipe.get(key), list):
+            recipe[key] = ",".join(str(b) for b in recipe[key])
     return recipe
 
 
@@ -64,6 +65,15 @@ def cmd_export(args) -> int:
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if s["dtype"] is not None and s["dtype"] not in dtypes:
         raise CliError(f"--dtype must be one of {sorted(dtypes)}, found {s['dtype']!r}")
+    functions = None
+    if s["functions"] is not None:  # names checked before the model loads; the plan's limits by export_artifact
+        from ..export.artifact import exported_kinds
+
+        functions = tuple(k.strip() for k in str(s["functions"]).split(",") if k.strip())
+        try:
+            exported_kinds(functions, hosts=1, paths=1)
+        except ValueError as e:
+            raise CliError(f"--functions: {e}") from None
     ep = f", ep={s['ep']}" if int(s["ep"]) > 1 else ""
     say(args, f"loading {s['model']} (tp={s['tp']}{ep}, pp={s['pp'] or 1}{', placement ' + str(s['placement']) if s['placement'] else ''})")
     model = load_model(
@@ -80,6 +90,7 @@ def cmd_export(args) -> int:
         extra_flags=tuple(s["compile_flags"]),
         compile=not args.no_compile,
         progress=lambda m: say(args, m),
+        functions=functions,
     )
     if s["page_size"] is not None:
         if isinstance(s["page_size"], bool) or int(s["page_size"]) < 1:
@@ -142,6 +153,13 @@ def add_parser(sub) -> None:
     e.add_argument("--placement", help="placement directives (JSON: place/path directives); a \"host\" in every place directive "
         "exports one program per host, each host holding consecutive stages (as many as it names, e.g. exports/placements/tp2-pp4-hosts-3-1.json)")
     e.add_argument("--batch-sizes", dest="batch_sizes", help="comma-separated batch sizes to export (default 1)")
+    e.add_argument(
+        "--functions", metavar="KINDS",
+        help="comma-separated function kinds to export for each batch size, among prefill, decode, prefill_row, "
+        "prefill_rows and prefill_chunk; prefill and decode are required (default: all the plan has; over several hosts "
+        "prefill, decode and prefill_row). Each kind adds compile time: `run` needs only prefill,decode; `serve` batches "
+        "over prefill_row and prefill_rows (batches of several rows) or prefill_chunk (chunked prefill). --page-size adds the paged ones",
+    )
     e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
         "weights would not fit in this host's memory for a CPU target)")
     e.add_argument(

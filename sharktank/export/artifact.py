@@ -21,7 +21,7 @@ import re
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..models.llama.model import LlamaModel
 from ..parallel import ParallelPlan, PlanError
@@ -32,7 +32,7 @@ from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
 from .llama import SCOPE, ExportedWeights, export_llama
-from .manifest import ARTIFACT_FORMAT, ArtifactError, HostsManifest, Manifest
+from .manifest import ARTIFACT_FORMAT, CONTIGUOUS_KINDS, HOST_KINDS, ArtifactError, HostsManifest, Manifest
 from .program import count_transfers
 from .kernels import kernels_for, kernels_in
 
@@ -127,6 +127,27 @@ def check_compilable_device_count(count: int) -> None:
         )
 
 
+def exported_kinds(functions: Sequence[str] | None, *, hosts: int, paths: int) -> tuple[str, ...]:
+    """The contiguous-cache kinds an export traces (see :func:`export_artifact`'s
+    ``functions``), checked: a ValueError names an unknown kind or a missing prefill or
+    decode, a PlanError a kind this plan cannot have."""
+    possible = HOST_KINDS if hosts > 1 else CONTIGUOUS_KINDS if paths == 1 else tuple(k for k in CONTIGUOUS_KINDS if k != "prefill_chunk")
+    if functions is None:
+        return possible
+    chosen = set(functions)
+    unknown = chosen - set(CONTIGUOUS_KINDS)
+    if unknown:
+        raise ValueError(f"unknown function kinds {sorted(unknown)}: expected some of {list(CONTIGUOUS_KINDS)} (the paged ones come with a page size)")
+    missing = {"prefill", "decode"} - chosen
+    if missing:
+        raise ValueError(f"the functions must include prefill and decode (every runner needs them), found {sorted(chosen)}")
+    impossible = chosen - set(possible)
+    if impossible:
+        why = f"{hosts} hosts" if hosts > 1 else f"{paths} microbatch paths"
+        raise PlanError(f"function kinds {sorted(impossible)} cannot be exported for a plan of {why}: it has {list(possible)}")
+    return tuple(k for k in possible if k in chosen)
+
+
 def export_artifact(
     model: LlamaModel,
     output_dir: str | Path,
@@ -141,6 +162,7 @@ def export_artifact(
     progress: Callable[[str], None] = lambda msg: None,
     hosts: int | None = None,
     page_size: int | None = None,
+    functions: Sequence[str] | None = None,
 ) -> Manifest | HostsManifest:
     """Export (and compile) ``model`` into ``output_dir``; returns its manifest as read back.
 
@@ -157,8 +179,15 @@ def export_artifact(
 
     ``page_size``: also export the paged functions (``prefill_paged``, ``decode_paged``, see
     :func:`~sharktank.export.llama.paged_programs`) over a pool of pages of that many
-    positions; a plan of one microbatch path on one host only."""
+    positions; a plan of one microbatch path on one host only.
+
+    ``functions``: the contiguous-cache kinds to export, among ``prefill``, ``decode``,
+    ``prefill_row``, ``prefill_rows`` and ``prefill_chunk`` (prefill and decode always
+    included; over several hosts only prefill_row can be added); None: all the plan has. Each
+    kind is compiled for every batch size: `run` needs only prefill and decode, `serve`
+    prefill_row (batches of several rows) or prefill_chunk."""
     over_hosts = model.plan.on_hosts(hosts)
+    functions = exported_kinds(functions, hosts=over_hosts.host_count, paths=len(model.plan.paths))
     if page_size is not None and (over_hosts.host_count > 1 or len(model.plan.paths) != 1):
         raise PlanError(
             f"a paged cache (page size {page_size}) needs one host and one microbatch path; this plan has "
@@ -171,7 +200,7 @@ def export_artifact(
 
         export_hosts(
             model, over_hosts, output_dir, source=source, batch_sizes=tuple(batch_sizes), max_seq_len=max_seq_len, target=target,
-            target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress,
+            target_arch=target_arch, extra_flags=tuple(extra_flags), compile=compile, progress=progress, functions=functions,
         )
         return HostsManifest.read(output_dir)
     plan = model.plan
@@ -185,7 +214,7 @@ def export_artifact(
     # and does not compile for CUDA (sm_80) or HIP (gfx942) on these models.
     output, weights, specs = export_llama(
         model, tuple(batch_sizes), max_seq_len, attention_as_matmuls=True,
-        cpu_kernels=kernels_for(target, target_arch), page_size=page_size,
+        cpu_kernels=kernels_for(target, target_arch), page_size=page_size, functions=functions,
     )
     mlir = str(output.mlir_module)
     export_seconds = time.perf_counter() - t0

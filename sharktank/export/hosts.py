@@ -46,7 +46,7 @@ from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
 from .llama import cache_arg_specs, import_programs, lift_weights, row_index, row_slices, trace_program
 from .kernels import kernels_for
-from .manifest import HOSTS_FORMAT
+from .manifest import HOST_KINDS, HOSTS_FORMAT
 from .program import arg_devices
 
 __all__ = ["host_dir", "host_plan", "export_hosts"]
@@ -78,8 +78,10 @@ def _one_copy(x):
     return x.shards[0] if isinstance(x, ShardedTensor) else x
 
 
-def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, cpu_kernels: bool = False):
-    """Trace host functions of ``model`` (a host plan) for ``stages``: ``(mlir, weights, specs)``."""
+def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, cpu_kernels: bool = False,
+                 functions: tuple[str, ...] = HOST_KINDS):
+    """Trace host functions of ``model`` (a host plan) for ``stages``: ``(mlir, weights, specs)``;
+    ``functions``: prefill and decode, and prefill_row (for batches of several rows) when named."""
     from iree.turbine.aot import DeviceAffinity, FxProgramsBuilder
 
     plan, c = model.plan, model.config
@@ -131,7 +133,7 @@ def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...],
             return (out, *pytree.tree_leaves(new))
 
         # prefill_row_bs1 would be prefill_bs1: exported only for batches of several rows.
-        for kind, seq in (("prefill", 8), ("decode", 1)) + ((("prefill_row", 8),) if b > 1 else ()):
+        for kind, seq in (("prefill", 8), ("decode", 1)) + ((("prefill_row", 8),) if b > 1 and "prefill_row" in functions else ()):
             name = f"{kind}_bs{b}"
             rows_in = 1 if kind == "prefill_row" else b
             s_dim = 1 if kind == "decode" else "S"
@@ -178,6 +180,7 @@ def export_hosts(
     extra_flags: tuple[str, ...],
     compile: bool,
     progress: Callable[[str], None],
+    functions: tuple[str, ...] = HOST_KINDS,
 ) -> dict:
     """``export_artifact`` (which has the defaults) of a plan over several hosts: ``model``'s
     pipeline split as ``plan`` (``model.plan`` with ``host_of_stage``) says into
@@ -193,7 +196,7 @@ def export_hosts(
             stages = plan.stages_of_host(h)
             progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
             t1 = time.perf_counter()
-            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, cpu_kernels=kernels_for(target, target_arch))
+            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, cpu_kernels=kernels_for(target, target_arch), functions=functions)
             sub = tmp / host_dir(h)
             sub.mkdir()
             role = {"host": h, "hosts": hosts, "stages": list(stages), "first": h == 0, "last": h == hosts - 1}

@@ -361,9 +361,12 @@ def export_llama(
     attention_as_matmuls: bool = False,
     cpu_kernels: bool = False,
     page_size: int | None = None,
+    functions: tuple[str, ...] | None = None,
 ):
     """Trace prefill and decode for each batch size; returns ``(ExportOutput, weights, specs)``
     where ``specs`` describes every function's arguments and results for the manifest.
+    ``functions``: the contiguous-cache kinds to trace (see ``export_artifact``; None: every
+    kind the plan has).
     ``page_size`` (a plan of one microbatch path): also the paged functions over a pool of
     pages of that many positions (:func:`paged_programs`).
     ``attention_as_matmuls``: trace attention unfused (see :func:`ops.attention_as_matmuls`;
@@ -441,6 +444,8 @@ def export_llama(
         if len(paths) == 1:  # a runtime row in one of several microbatches is not built yet
             kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"])), prefill_chunk)
         for kind, (rows_in, seq, extra, fn) in kinds.items():
+            if functions is not None and kind not in functions:
+                continue
             name = f"{kind}_bs{b}"
             tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
             positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from ..weights._files import resolve_inside
 
 __all__ = [
-    "ArtifactError", "ArgSpec", "FunctionSpec", "Manifest", "HostsManifest", "HostEntry", "KINDS",
+    "ArtifactError", "ArgSpec", "FunctionSpec", "Manifest", "HostsManifest", "HostEntry", "KINDS", "CONTIGUOUS_KINDS", "HOST_KINDS",
     "ARTIFACT_FORMAT", "HOSTS_FORMAT", "function_name", "parse_function_name", "find_function", "path_inside", "read_any",
     "parameter_bytes_per_device",
 ]
@@ -38,6 +38,10 @@ ARTIFACT_FORMAT = "sharktank.artifact"
 HOSTS_FORMAT = "sharktank.hosts"
 # The kinds of exported functions, in the order an artifact lists them.
 KINDS = ("prefill", "decode", "prefill_row", "prefill_rows", "prefill_chunk", "prefill_paged", "decode_paged")
+# The kinds over the contiguous cache (export's ``functions`` chooses among them; the paged
+# ones come with a page size), and those a program per host has.
+CONTIGUOUS_KINDS = KINDS[:5]
+HOST_KINDS = ("prefill", "decode", "prefill_row")
 _NAME = re.compile(r"(?P<kind>[a-z_]+)_bs(?P<batch>[1-9][0-9]*)")
 
 

@@ -97,9 +97,16 @@ class Engine:
         cache even then; True refuses an artifact without the paged functions; None (default):
         paged where it can be."""
         functions = model.functions
-        sizes = sorted(b for b in {f.batch_size for f in functions.values()} if model.find("decode", b) and (b == 1 or model.find("prefill_row", b)))
+
+        def servable(b: int) -> bool:  # a row admitted by prefill_row (b > 1) or through the page pool
+            paged_b = paged is not False and chunk_tokens is not None and model.find("decode_paged", b) and model.find("prefill_paged", 1)
+            return bool(model.find("decode", b) and (b == 1 or model.find("prefill_row", b) or paged_b))
+
+        sizes = sorted(b for b in {f.batch_size for f in functions.values()} if servable(b))
         if not sizes:
-            raise InputError(f"{model.directory}: no batch size with decode and prefill_row functions; found functions {sorted(functions)}")
+            raise InputError(
+                f"{model.directory}: no batch size with decode and prefill_row functions (or the paged ones); found functions {sorted(functions)}"
+            )
         batch_size = sizes[-1] if batch_size is None else batch_size
         if batch_size not in sizes:
             raise InputError(f"batch_size must be an exported batch size {sizes}, found {batch_size!r}")

@@ -13,9 +13,10 @@ from test_export_run import sharktank
 def test_export_page_size_writes_the_paged_functions(tmp_path):
     out = tmp_path / "art"
     p = sharktank("export", "--model", "toy-llama", "--tp", "2", "--batch-sizes", "1,4", "--max-seq-len", "40", "--page-size", "16",
-                  "--no-compile", "--json", "--output-dir", out)
+                  "--functions", "prefill,decode", "--no-compile", "--json", "--output-dir", out)
     transfers = json.loads(p.stdout)["transfers"]
-    assert {"prefill_paged_bs1", "decode_paged_bs1", "decode_paged_bs4"} <= set(transfers)
+    # --functions chooses among the contiguous kinds; the page size brings the paged ones.
+    assert set(transfers) == {"prefill_bs1", "decode_bs1", "prefill_bs4", "decode_bs4", "prefill_paged_bs1", "decode_paged_bs1", "decode_paged_bs4"}
     m = Manifest.read(out)
     assert m.batch_sizes == (1, 4)  # the one-sequence paged prefill adds no batch size
     prefill, decode = m.find("prefill_paged", 1), m.find("decode_paged", 4)

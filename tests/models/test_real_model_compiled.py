@@ -18,12 +18,13 @@ ATOL = 2e-3
 
 @pytest.fixture(scope="module")
 def artifact(smollm2_gguf, tmp_path_factory):
-    """The file exported at tp 1 (the whole 30-layer model, tokenizer included)."""
+    """The file exported at tp 1 (the whole 30-layer model, tokenizer included), with the two
+    functions these tests run (prefill and decode: run, generate and perplexity use no other)."""
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
     out = tmp_path_factory.mktemp("smollm2") / "tp1"
-    export_artifact(load_model(smollm2_gguf, deferred=True), out, source=str(smollm2_gguf), max_seq_len=160)
+    export_artifact(load_model(smollm2_gguf, deferred=True), out, source=str(smollm2_gguf), max_seq_len=160, functions=("prefill", "decode"))
     return out
 
 

@@ -150,10 +150,12 @@ def test_prefill_rows_for_half_the_rows_or_fewer_run_one_row_each(compiled):
 
 def test_prefill_row_tp2_pp2(tmp_path):
     model = load_model("toy-llama", tp=2, pp=2)
-    manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16)
+    # The kinds this test runs (prefill_chunk's transfers at tp2 pp2: tests/cli/test_export_run.py).
+    manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16,
+                               functions=("prefill", "decode", "prefill_row", "prefill_rows"))
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
     # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3.
-    assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3, "prefill_chunk_bs2": 23 + 3}
+    assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3}
     assert [a.name for a in manifest.find("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
     assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")

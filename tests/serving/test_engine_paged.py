@@ -137,6 +137,23 @@ def test_paged_needs_the_functions(compiled, engines, tmp_path):
         engines(paged=True, chunk_tokens=None, start=False)
 
 
+def test_an_artifact_of_prefill_decode_and_pages_serves_paged_only(tmp_path_factory):
+    """Batch 2 with no prefill_row (export --functions prefill,decode --page-size 8): the
+    engine batches over the pool; the contiguous cache it cannot admit rows into is refused."""
+    from toy_artifact import BATCH, toy_artifact
+
+    from sharktank.runtime import CompiledModel
+    from sharktank.serving.engine import Engine
+
+    model = CompiledModel(toy_artifact(tmp_path_factory))
+    assert model.find("prefill_row", BATCH) is None and model.find("decode_paged", BATCH) is not None
+    engine = Engine(model)  # not started: the constructor chose the cache
+    assert engine.batch_size == BATCH and engine.page_size is not None
+    for kw in ({"paged": False}, {"chunk_tokens": None}):
+        with pytest.raises(InputError, match=r"no batch size with decode and prefill_row functions \(or the paged ones\)"):
+            Engine(model, **kw)
+
+
 # --- a mixed load over a small pool (CI-sized; the soak runs 200) ----------------------------
 def _mixed(seed: int, n: int):
     """``n`` (prompt, max_tokens, cancel_after) triples: prompts cut from 3 shared stems or not,

@@ -1,6 +1,7 @@
 """One compiled toy-llama for the live-server tests of metrics and auth (batch 2, the byte
-tokenizer, the paged functions: the server runs over the page pool), exported once per test run
-whichever test or xdist worker asks first."""
+tokenizer, the paged functions: the server runs over the page pool, so of the contiguous kinds
+only prefill and decode are exported), exported once per test run whichever test or xdist
+worker asks first."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _build(out: Path) -> None:
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
-    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(BATCH,), max_seq_len=MAX_SEQ_LEN, page_size=PAGE)
+    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(BATCH,), max_seq_len=MAX_SEQ_LEN, page_size=PAGE,
+                    functions=("prefill", "decode"))
 
 
 def toy_artifact(tmp_path_factory) -> Path:
