@@ -16,8 +16,9 @@ of 16, and toy-llama with batch sizes 8 and 64, its 128-position cache and pages
    4096-position row): the contiguous cache runs 8 at a time, the paged one (128 pages of 8, the
    same memory) up to 64: the most running at once and the wall time of all 64.
 3. **Decode step**: the real model's batch-8 decode at position 1000 of every row, the
-   contiguous ``decode_bs8`` against ``decode_paged_bs8`` (each row's 63 pages gathered from
-   the pool), 20 steps a round, rounds interleaved (median and range of the per-round medians).
+   contiguous ``decode_bs8`` against ``decode_paged_bs8`` (its attention reading each row's 63
+   pages through the table), 20 steps a round, rounds interleaved (median and range of the
+   per-round medians).
 """
 
 from __future__ import annotations

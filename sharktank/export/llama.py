@@ -238,14 +238,14 @@ def trace_program(
     """Trace ``forward`` into ``fxb`` as function ``name``. ``cpu_kernels``: the program calls
     :mod:`sharktank.export.kernels`' CPU dispatches where one applies (a CPU-only module:
     ``export_artifact`` sets it for the ``cpu`` target): products with quantized weights, and
-    a decode step's attention over the cache."""
+    a decode step's attention over the cache or the page pool."""
     from iree.turbine.aot.decompositions import extend_aot_decompositions
 
-    products, attention = None, None
+    products, attention, paged = None, None, None
     if cpu_kernels:
-        from .kernels import BlockProducts, decode_attention
+        from .kernels import BlockProducts, decode_attention, paged_decode_attention
 
-        products, attention = BlockProducts(), decode_attention
+        products, attention, paged = BlockProducts(), decode_attention, paged_decode_attention
 
     # No extra decompositions: the IREE importer takes these graphs as traced, and
     # turbine's default table re-traces every program (about half the export time).
@@ -255,7 +255,7 @@ def trace_program(
         _no_stack_traces(),
         ops.attention_as_matmuls(attention_as_matmuls),
         ops.block_kernels(products),
-        ops.attention_kernels(attention),
+        ops.attention_kernels(attention, paged),
     ):
         fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
 

@@ -10,9 +10,13 @@ cache: at a 4096-entry cache that is most of a short prompt's attention work).
 Paged (``pages`` given): the cache of one block is instead a pool of pages, a pair of ``[P,
 page_size, kv_heads, head_dim]`` tensors shared by every sequence, and ``pages`` (``[B, Wp]``
 int64) is each row's page table: its position ``p`` lives in page ``pages[b, p // page_size]``
-at slot ``p % page_size``. Writes scatter into the flattened pool; a row reads its ``Wp``
-pages gathered in order (``Wp * page_size`` entries, masked causally as above), so the
-contiguous cache is the page table ``pages[b] = b * T / page_size + arange(T / page_size)``.
+at slot ``p % page_size``. Writes scatter into the flattened pool; a row attends over its
+``Wp`` pages in order (``Wp * page_size`` entries, masked causally as above) with
+:func:`sharktank.ops.paged_attention`, so the contiguous cache is the page table ``pages[b] =
+b * T / page_size + arange(T / page_size)``. Eagerly (and traced for a prompt) that op
+gathers the pages before attending; a traced decode step on the CPU target reads the pool
+through the table instead, only the chunks of entries its mask keeps
+(:func:`sharktank.export.kernels.paged_decode_attention`).
 """
 
 from __future__ import annotations
@@ -65,19 +69,13 @@ def _page_slots(pages: torch.Tensor, positions: torch.Tensor, *, size: int) -> t
     return (page * size + positions % size).reshape(-1)
 
 
-def _page_window(pages: torch.Tensor, *, size: int) -> torch.Tensor:
-    """``[B * Wp * size]``: the flat pool index of every entry of each row's pages, in order."""
-    return (pages[:, :, None] * size + torch.arange(size)[None, None, :]).reshape(-1)
-
-
-def _paged(pool, pages, positions, new, b: int, s: int):
-    """``(new pool, window)``: ``new`` (``[B, S, kv, hd]``) written at ``positions`` through the
-    page table ``pages``, and each row's pages read back as ``[B, Wp * page_size, kv, hd]``."""
+def _paged_write(pool, pages, positions, new):
+    """The pool with ``new`` (``[B, S, kv, hd]``) written at ``positions`` through the page
+    table ``pages``: one ``index_put`` of the flattened pool."""
     size = pool.shape[1]
     flat = ops.flatten(pool, 0, 1)
     flat = ops.index_put(flat, [ops.elementwise(_page_slots, pages, positions, size=size)], ops.flatten(new, 0, 1))
-    window = ops.index_select(flat, 0, ops.elementwise(_page_window, pages, size=size))
-    return ops.unflatten(flat, 0, [pool.shape[0], size]), ops.unflatten(window, 0, [b, pages.shape[1] * size])
+    return ops.unflatten(flat, 0, [pool.shape[0], size])
 
 
 def _rows_like(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -137,9 +135,15 @@ def attention(
 
     if sum(a is not None for a in (rows, padding, pages)) > 1:
         raise ValueError("attention takes one of rows, padding and pages")
+    gqa = num_heads != num_kv_heads
     if pages is not None:
-        (k_cache, keys), (v_cache, values) = (_paged(c, pages, positions, z, b, s) for c, z in zip(cache, (k, v)))
-        return _attend(q, keys, values, positions, mask, w, b, s, num_heads, num_kv_heads, head_dim), (k_cache, v_cache)
+        k_pool, v_pool = (_paged_write(c, pages, positions, z) for c, z in zip(cache, (k, v)))
+        mask = causal_mask(positions, pages.shape[1] * k_pool.shape[1]) if mask is None else mask
+
+        def paged(q_):
+            return ops.paged_attention(q_, k_pool, v_pool, pages, mask, enable_gqa=gqa)
+
+        return _attend(q, paged, w, b, s, num_heads, head_dim), (k_pool, v_pool)
     at_rows = torch.arange(b)[:, None].expand(b, s) if rows is None else ops.elementwise(_rows_like, rows, positions)
     if padding is not None:
         pad = ops.reshape(padding, [b, s, 1, 1])  # broadcasts over the (maybe split) heads
@@ -151,25 +155,23 @@ def attention(
         keys, values = (_window_of_rows(c, rows, window) for c in (k_cache, v_cache))
     else:
         keys, values = (k_cache, v_cache) if window is None else (_first_entries(c, window) for c in (k_cache, v_cache))
-    return _attend(q, keys, values, positions, mask, w, b, s, num_heads, num_kv_heads, head_dim), (k_cache, v_cache)
+    mask = causal_mask(positions, keys.shape[1]) if mask is None else mask  # [B, 1, S, T or window]
+
+    def contiguous(q_):
+        return ops.scaled_dot_product_attention(q_, ops.transpose(keys, 1, 2), ops.transpose(values, 1, 2), mask, enable_gqa=gqa)
+
+    return _attend(q, contiguous, w, b, s, num_heads, head_dim), (k_cache, v_cache)
 
 
-def _attend(q, keys, values, positions, mask, w, b: int, s: int, num_heads: int, num_kv_heads: int, head_dim: int):
-    """The attention output ``[B, S, hidden]`` of queries ``q`` over ``keys``/``values``
-    (``[B, T, kv, hd]``), through the output projection (all-reduced when unreduced)."""
-    if mask is None:
-        mask = causal_mask(positions, keys.shape[1])  # [B, 1, S, T or window]
+def _attend(q, attend, w, b: int, s: int, num_heads: int, head_dim: int):
+    """The attention output ``[B, S, hidden]`` of queries ``q`` (``[B, S, heads, hd]``), where
+    ``attend`` maps them as ``[B, heads, S, hd]`` to their attention (over the cache or the
+    pool), through the output projection (all-reduced when unreduced)."""
     dtype = q.dtype
     # Scores and softmax in float32 for half-precision models, as the references accumulate
-    # (the op computes k and v in q's dtype).
+    # (the ops compute k and v in q's dtype).
     up = (lambda z: ops.to(z, torch.float32)) if dtype != torch.float32 else (lambda z: z)
-    out = ops.scaled_dot_product_attention(
-        up(ops.transpose(q, 1, 2)),
-        ops.transpose(keys, 1, 2),
-        ops.transpose(values, 1, 2),
-        mask,
-        enable_gqa=num_heads != num_kv_heads,
-    )
+    out = attend(up(ops.transpose(q, 1, 2)))
     out = ops.reshape(ops.transpose(ops.to(out, dtype), 1, 2), [b * s, num_heads * head_dim])
     y = ops.linear(out, w["o"], w.get("o_bias"))
     y = ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y

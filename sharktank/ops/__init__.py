@@ -29,7 +29,7 @@ from .coalesce import BUCKET_BYTES, FIRST_BUCKET_BYTES, all_reduce_coalesced, bu
 from .elementwise import add, div, elementwise, mul, sub, to
 from .matrix import block_kernels, linear, matmul
 from .index import index_put, index_select
-from .nn import attention_as_matmuls, attention_kernels, embedding_lookup, layer_norm, rms_norm, scaled_dot_product_attention, softmax
+from .nn import attention_as_matmuls, attention_kernels, embedding_lookup, layer_norm, paged_attention, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
 from . import quantized as _quantized  # noqa: E402,F401  (registers quantized-weight rules)
 from .shape import cat, expand, flatten, narrow, permute, reshape, transpose, unflatten, view
@@ -79,6 +79,7 @@ __all__ = [
     "rms_norm",
     "layer_norm",
     "scaled_dot_product_attention",
+    "paged_attention",
     "attention_as_matmuls",
     "attention_kernels",
     "embedding_lookup",

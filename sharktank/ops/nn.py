@@ -22,7 +22,7 @@ from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
 from .elementwise import shardwise
 
-__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "attention_as_matmuls", "attention_kernels", "embedding_lookup"]
+__all__ = ["softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "paged_attention", "attention_as_matmuls", "attention_kernels", "embedding_lookup"]
 
 AnyTensor = torch.Tensor | ShardedTensor
 
@@ -154,19 +154,31 @@ def attention_as_matmuls(enabled: bool = True) -> contextlib.AbstractContextMana
 
 
 AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], "torch.Tensor | None"]
+PagedAttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", float], "torch.Tensor | None"]
 _ATTENTION_KERNEL: contextvars.ContextVar[AttentionKernel | None] = contextvars.ContextVar("attention_kernels", default=None)
+_PAGED_KERNEL: contextvars.ContextVar[PagedAttentionKernel | None] = contextvars.ContextVar("paged_attention_kernels", default=None)
 
 
-def attention_kernels(kernel: AttentionKernel | None) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def _kernels(kernel: AttentionKernel | None, paged: PagedAttentionKernel | None):
+    with setting(_ATTENTION_KERNEL, kernel), setting(_PAGED_KERNEL, paged):
+        yield
+
+
+def attention_kernels(kernel: AttentionKernel | None, paged: PagedAttentionKernel | None = None) -> contextlib.AbstractContextManager[None]:
     """While active, a traced :func:`scaled_dot_product_attention` (not ``is_causal``; per
     shard) is first offered to ``kernel(q, k, v, mask, scale)``, with the operands as the op
     takes them (k and v in their own dtype) and ``scale`` resolved; where it returns None
-    (a shape or mask it has no dispatch for) the op is computed as without it.
+    (a shape or mask it has no dispatch for) the op is computed as without it. Likewise a
+    traced :func:`paged_attention` (per shard) is first offered to ``paged(q, k_pool, v_pool,
+    pages, mask, scale)``; without ``paged`` it is computed as its torch form, whose
+    attention over the gathered pages is then offered to ``kernel``.
 
-    Export passes :func:`sharktank.export.kernels.decode_attention` for the CPU target: one
-    dispatch for a decode step's attention over the cache, reading only the entries the mask
-    keeps. ``None`` turns it off."""
-    return setting(_ATTENTION_KERNEL, kernel)
+    Export passes :func:`sharktank.export.kernels.decode_attention` and
+    :func:`~sharktank.export.kernels.paged_decode_attention` for the CPU target: one dispatch
+    for a decode step's attention over the cache (or through the page table into the pool),
+    reading only the entries the mask keeps. ``None`` turns them off."""
+    return _kernels(kernel, paged)
 
 
 def _masked(s, a):
@@ -256,6 +268,96 @@ def _sdpa_gqa(q, k, v, a, *, is_causal, scale):
         masks = [m.narrow(-3, o, size) for m, o, size in zip(masks, offsets(q.shard_sizes), q.shard_sizes)]
     out = [_sdpa(q_, k_, v_, m, is_causal, scale, True) for q_, k_, v_, m in zip(q.shards, k.shards, v.shards, masks)]
     return like(q, out)
+
+
+@sharded_op(nargs=5)
+def paged_attention(
+    q: AnyTensor,
+    k_pool: AnyTensor,
+    v_pool: AnyTensor,
+    pages: AnyTensor,
+    mask: AnyTensor | None,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> AnyTensor:
+    """Attention of ``q`` ``[B, H, L, E]`` over each row's pages of a pool: ``k_pool``,
+    ``v_pool`` ``[P, N, KVH, E]`` (P pages of N entries, as stored), ``pages`` ``[B, M]``
+    int64 (row b's entry t is slot t % N of page ``pages[b, t // N]``), ``mask`` as
+    :func:`scaled_dot_product_attention` takes it over the ``M * N`` entries (or None). It is
+    that op over the pages gathered (k, v ``[B, KVH, M * N, E]``). Traced with a paged kernel
+    active (:func:`attention_kernels`), it is first offered to it, which reads the pool
+    through the table instead. Sharded: q split on its heads (dim 1) and both pools on their
+    KV heads (dim 2) in the same groups, or none of them split; pages and mask replicated or
+    plain."""
+
+
+def _gathered(pool: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+    """Each row's pages of ``pool`` in order, as ``[B, KVH, M * N, E]``: one index_select
+    of the flattened pool (IREE 3.10 does not lower indexing by two tensors)."""
+    b, m = pages.shape
+    n = pool.shape[1]
+    flat = (pages[:, :, None] * n + torch.arange(n)[None, None, :]).reshape(-1)
+    return pool.flatten(0, 1).index_select(0, flat).unflatten(0, [b, m * n]).transpose(1, 2)
+
+
+def _paged(q, k_pool, v_pool, pages, a, scale, gqa):
+    kernel = _PAGED_KERNEL.get()
+    if kernel is not None and _tracing_tensor(q) and q.ndim == 4 and (q.shape[1] == k_pool.shape[2] or gqa):
+        y = kernel(q, k_pool, v_pool, pages, a, q.shape[-1] ** -0.5 if scale is None else scale)
+        if y is not None:
+            return y
+    return _sdpa(q, _gathered(k_pool, pages), _gathered(v_pool, pages), a, False, scale, gqa)
+
+
+@paged_attention.register(torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object)
+def _paged_torch(q, k_pool, v_pool, pages, mask, *, scale=None, enable_gqa=False):
+    if isinstance(mask, ShardedTensor):
+        return _paged_sharded(q, k_pool, v_pool, pages, mask, scale=scale, enable_gqa=enable_gqa)
+    return _paged(q, k_pool, v_pool, pages, mask, scale, enable_gqa)
+
+
+def _placed(t) -> str:
+    return f"{list(t.shape)} {t.placement}" if isinstance(t, ShardedTensor) else f"{list(t.shape)} plain"
+
+
+@paged_attention.register(object, object, object, object, object)
+def _paged_sharded(q, k_pool, v_pool, pages, mask, *, scale=None, enable_gqa=False):
+    op = "paged_attention"
+    named = {"q": q, "k_pool": k_pool, "v_pool": v_pool, "pages": pages, "mask": mask}
+    for name, t in named.items():
+        if isinstance(t, UnreducedTensor):
+            raise ShardingError(f"ops.{op} is not linear and got an UnreducedTensor ({name}); call ops.all_reduce first")
+    for name in ("pages", "mask"):
+        if isinstance(named[name], SplitPrimitiveTensor):
+            raise ShardingError(f"ops.{op} takes a replicated or plain {name}, found {_placed(named[name])}")
+    split = [isinstance(t, SplitPrimitiveTensor) for t in (q, k_pool, v_pool)]
+    if any(split):
+        if not all(split) or (q.shard_dim, k_pool.shard_dim, v_pool.shard_dim) != (1, 2, 2):
+            raise ShardingError(
+                f"ops.{op} takes q split on its heads (dim 1) and both pools on their KV heads (dim 2), or none of them split; "
+                f"found q {_placed(q)}, k_pool {_placed(k_pool)}, v_pool {_placed(v_pool)}"
+            )
+        groups = q.shape[1] // k_pool.shape[2]
+        if [s * groups for s in k_pool.shard_sizes] != q.shard_sizes or k_pool.shard_sizes != v_pool.shard_sizes:
+            raise ShardingError(
+                f"ops.{op}: q heads of {list(q.shape)} split {q.shard_sizes} do not line up with the pools' KV heads of "
+                f"{list(k_pool.shape)} split {k_pool.shard_sizes} (groups of {groups}); split KV heads evenly across shards"
+            )
+    ref = next(t for t in named.values() if isinstance(t, ShardedTensor))
+    n = ref.shard_count
+    for name, t in named.items():
+        if isinstance(t, ShardedTensor) and t.shard_count != n:
+            raise ShardingError(f"ops.{op}: operands have {n} and {t.shard_count} shards ({name})")
+
+    def shards(t):
+        return t.shards if isinstance(t, ShardedTensor) else (t,) * n
+
+    masks = shards(mask)
+    if split[0] and mask is not None and mask.ndim >= 3 and mask.shape[-3] == q.shape[1] != 1:  # a mask per q head
+        masks = [m.narrow(-3, o, size) for m, o, size in zip(masks, offsets(q.shard_sizes), q.shard_sizes)]
+    out = [_paged(*row, scale, enable_gqa) for row in zip(shards(q), shards(k_pool), shards(v_pool), shards(pages), masks)]
+    return like(q if isinstance(q, ShardedTensor) else ref, out)
 
 
 @sharded_op(nargs=2)

@@ -76,6 +76,15 @@ def test_decode_attention_parses(context, h, kvh, q_elem, kv_elem):
     _parse(context, text)
 
 
+@pytest.mark.parametrize("n, m", [(4, 12), (8, 2), (12, 4), (16, 3), (32, 2)])  # whole pages a chunk, a page per entry, a chunk a page
+@pytest.mark.parametrize("h, kvh", [(8, 2), (4, 4)])
+def test_paged_decode_attention_parses(context, n, m, h, kvh):
+    text = attention.paged_module_asm(2, h, m, n, kvh, 64, "f32", "bf16", 0.125)
+    assert f"memref<?x{n}x{kvh}x64xbf16" in text  # the pool's page count: dynamic
+    _names_are_generated(text)
+    _parse(context, text)
+
+
 def test_the_parse_catches_a_name_defined_twice(context):
     # What the matrix relies on: the parser rejects a clash (and the emitter never makes one).
     clash = "func.func @f() {\n  %a = arith.constant 0 : index\n  %a = arith.constant 1 : index\n  return\n}"

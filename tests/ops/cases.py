@@ -173,6 +173,30 @@ def case_sdpa_gqa(draw, gen):
     )
 
 
+def case_paged_attention(draw, gen):
+    # The table and mask are fixed (plain): the drawn placements are q's and the pools'.
+    b, kv, groups, e, l = (draw(st.integers(1, 3)) for _ in range(5))
+    n, m = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    p = draw(st.integers(1, 2 * b * m))
+    q, k_pool, v_pool = _rand(gen, b, kv * groups, l, e), _rand(gen, p, n, kv, e), _rand(gen, p, n, kv, e)
+    pages = torch.randint(0, p, (b, m), generator=gen)
+    mask = torch.rand((b, 1, l, m * n), generator=gen) > 0.3
+    mask[..., 0] = True
+
+    def ref(q_, k_, v_):
+        k_, v_ = (pool[pages].reshape(b, m * n, kv, e).transpose(1, 2) for pool in (k_, v_))
+        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, enable_gqa=True)
+
+    return Built(
+        [q, k_pool, v_pool],
+        lambda q_, k_, v_: ops.paged_attention(q_, k_, v_, pages, mask, enable_gqa=True),
+        ref,
+        [("T", "T", "T"), ("R", "R", "R"), ("T", "R", "R")],
+        no_partial=(1, 2),  # caches are never partial sums (an unreduced q is drawn, and refused)
+        atol=1e-3,
+    )
+
+
 def case_index_put(draw, gen):
     bsz, t, h, d = (draw(dims) for _ in range(4))
     s = draw(st.integers(1, t))
@@ -380,6 +404,7 @@ CASES: dict[str, Callable] = {
     "scaled_dot_product_attention": case_sdpa,
     "embedding_lookup": case_embedding,
     "sdpa_gqa": case_sdpa_gqa,
+    "paged_attention": case_paged_attention,
     "index_put": case_index_put,
     "index_select": case_index_select,
     "sum": case_reduce("sum"),

@@ -18,7 +18,7 @@ PUBLIC_OPS = [
     "reduce_scatter", "sharded_cat", "sharded_sum", "transfer_to_logical_device",
     "barrier_on_logical_device", "equal", "matmul", "linear", "elementwise", "cat", "reshape", "view",
     "flatten", "unflatten", "transpose", "permute", "expand", "index_select", "embedding_lookup",
-    "softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "sum", "mean", "argmax", "to", "index_put",
+    "softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "paged_attention", "sum", "mean", "argmax", "to", "index_put",
     "add", "sub", "mul", "div",
 ]
 

@@ -46,6 +46,8 @@ REFUSALS: dict[str, tuple[str, list[str]]] = {  # case -> (op named in the messa
     "scaled_dot_product_attention": ("scaled_dot_product_attention", [" works " + _ALONG_SPLIT, _DISAGREE, _NOT_LINEAR]),
     "sdpa_gqa": ("scaled_dot_product_attention", [r" with GQA needs q, k and v split on the head dim \(-3\); [qkv] is ", r" do not line up with kv heads split",
                                                   r" with GQA takes a replicated or plain mask", " works " + _ALONG_SPLIT, _DISAGREE, _NOT_LINEAR]),
+    "paged_attention": ("paged_attention", [r" takes q split on its heads \(dim 1\) and both pools on their KV heads \(dim 2\), or none of them split; found q ",
+                                            r": q heads of \[[\d, ]*\] split \[[\d, ]*\] do not line up with the pools' KV heads", _NOT_LINEAR]),
     "index_put": ("index_put", [r": indexed dim \d+ of \[[\d, ]*\] is split; reshard first", r": values .* must be split like ", r": replicated target with .* values",
                                 r": a plain tensor cannot take sharded indices or values", r" into an UnreducedTensor is not linear"]),
     "index_select": ("index_select", [" " + _ALONG_SPLIT, r": index tensors must be replicated or plain, found "]),
@@ -61,7 +63,8 @@ REFUSALS: dict[str, tuple[str, list[str]]] = {  # case -> (op named in the messa
 # Least share of an op's drawn combinations that must compare values (the rest refused):
 # a guard against draws drifting to refusals only. Hypothesis already makes every op compare
 # values in max_examples examples; sdpa_gqa, whose q, k and v must all be split on heads,
-# compares in 5-7 % of its draws and the count moves between runs, so the floor is 2 %.
+# compares in 5-7 % of its draws and the count moves between runs (paged_attention, whose q
+# and pools must be split together or not at all, in about 3 %), so the floor is 2 %.
 MIN_COMPARED_SHARE = 0.02
 
 
@@ -190,6 +193,38 @@ def test_gqa_attention_split_on_heads(n):
             ops.scaled_dot_product_attention(
                 place(q, "S1", (0, 1, 2)), place(k, "S1", (0, 1, 2)), place(v, "S1", (0, 1, 2)), enable_gqa=True
             )
+
+
+def _paged_operands():
+    g = torch.Generator().manual_seed(0)
+    q, pools = torch.randn(2, 8, 1, 4, generator=g), [torch.randn(10, 4, 4, 4, generator=g).to(torch.bfloat16) for _ in range(2)]
+    pages = torch.tensor([[7, 2, 5], [7, 0, 9]])  # page 7 shared
+    mask = (torch.arange(12) <= torch.tensor([5, 10])[:, None])[:, None, None, :]
+    return q, *pools, pages, mask
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_paged_attention_split_on_heads(n):
+    q, k, v, pages, mask = _paged_operands()
+    devices = tuple(range(n))
+    got = ops.paged_attention(place(q, "S1", devices), place(k, "S2", devices), place(v, "S2", devices), place(pages, "R", devices), place(mask, "R", devices),
+                              enable_gqa=True)
+    assert got.shard_dim == 1 and got.devices == devices
+    torch.testing.assert_close(ops.unshard(got), ops.paged_attention(q, k, v, pages, mask, enable_gqa=True))
+    with pytest.raises(ops.ShardingError, match=r"takes a replicated or plain pages, found \[2, 3\] S\(0\)" if n > 1 else "takes a replicated"):
+        ops.paged_attention(place(q, "S1", devices), place(k, "S2", devices), place(v, "S2", devices), place(pages, "S0", devices), mask, enable_gqa=True)
+    with pytest.raises(ops.ShardingError, match=r"or none of them split; found q \[2, 8, 1, 4\] S\(1\), k_pool \[10, 4, 4, 4\] R"):
+        ops.paged_attention(place(q, "S1", devices), place(k, "R", devices), place(v, "S2", devices), pages, mask, enable_gqa=True)
+
+
+def test_paged_attention_is_attention_over_the_gathered_pages():
+    # Its torch form is what layers.attention computed before the op: the pages gathered by
+    # one index_select of the flattened pool, then scaled_dot_product_attention (bitwise).
+    q, k, v, pages, mask = _paged_operands()
+    flat = (pages[:, :, None] * 4 + torch.arange(4)).reshape(-1)
+    k_win, v_win = (pool.flatten(0, 1).index_select(0, flat).unflatten(0, [2, 12]).transpose(1, 2) for pool in (k, v))
+    want = ops.scaled_dot_product_attention(q, k_win, v_win, mask, enable_gqa=True)
+    assert torch.equal(ops.paged_attention(q, k, v, pages, mask, enable_gqa=True), want)
 
 
 @pytest.mark.parametrize("mask", ["none", "bool", "additive", "per_head"])

@@ -1,5 +1,6 @@
 """Hand-written CPU dispatches (export for ``cpu``): products with quantized weights, and a
-decode step's attention (:func:`decode_attention`, :mod:`.attention`).
+decode step's attention over a cache (:func:`decode_attention`) or through a page table into
+a pool of pages (:func:`paged_decode_attention`), both :mod:`.attention`.
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
 ``x @ w.T`` with a weight of a layout in :data:`.registry.KERNELS` becomes one call of that
@@ -20,9 +21,12 @@ import torch
 from ...types import QuantizedTensor
 from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "BlockProducts", "decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT"]
+__all__ = ["block_product", "BlockProducts", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT"]
 
-_ATTENTION_PREFIX = "@sharktank_decode_attention_"  # attention.function_name's
+_ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names (attention's)
+    "decode_attention": "@sharktank_decode_attention_",
+    "paged_decode_attention": "@sharktank_paged_decode_attention_",
+}
 
 
 def _host_has(flag: str) -> bool:
@@ -99,14 +103,49 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (b, h, l, e), (kb, kvh, t, ke) = q.shape, k.shape
     if l != 1 or kb != b or ke != e or h % kvh or t % CHUNK or q.dtype not in ELEMENT_TYPES or k.dtype not in ELEMENT_TYPES or v.dtype != k.dtype:
         return None
-    if mask is None:
-        live = torch.ones(b, t, dtype=torch.int8)
-    else:
-        if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1:] != (1, 1, t) or mask.shape[0] not in (1, b):
-            return None
-        live = mask.expand(b, 1, 1, t).reshape(b, t).to(torch.int8)
+    live = _live(mask, b, t)
+    if live is None:
+        return None
     out = sharktank_decode_attention(q.reshape(b, h, e), k.transpose(1, 2), v.transpose(1, 2), live, float(scale))
     return out.reshape(b, h, 1, e)
+
+
+def _live(mask: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
+    """A boolean ``mask`` broadcasting as ``[B, 1, 1, T]`` (or None) as the kernels' int8
+    ``[B, T]``; None for another mask (per head, additive)."""
+    if mask is None:
+        return torch.ones(b, t, dtype=torch.int8)
+    if mask.dtype != torch.bool or mask.ndim != 4 or mask.shape[1:] != (1, 1, t) or mask.shape[0] not in (1, b):
+        return None
+    return mask.expand(b, 1, 1, t).reshape(b, t).to(torch.int8)
+
+
+def paged_decode_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor | None:
+    """Traced attention of one query per sequence (``q`` ``[B, H, 1, E]``) over each row's
+    pages of the pools ``k_pool``, ``v_pool`` ``[P, N, KVH, E]`` (P may be symbolic) through
+    the int64 page table ``pages`` ``[B, M]``, with a boolean ``mask`` broadcasting as ``[B,
+    1, 1, M * N]`` (or None), as one dispatch reading the pool in place
+    (:func:`.attention.paged_module_asm`): the paged kernel
+    :func:`sharktank.ops.attention_kernels` takes. None where it does not apply: as
+    :func:`decode_attention`, with ``M * N`` for T."""
+    from .attention import CHUNK
+    from .custom_op import ELEMENT_TYPES, sharktank_paged_decode_attention
+
+    if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
+        return None
+    if not all(isinstance(d, int) for d in (*q.shape, *k_pool.shape[1:], *v_pool.shape[1:], *pages.shape)):
+        return None
+    (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
+    if l != 1 or pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh or m * n % CHUNK:
+        return None
+    if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
+        return None
+    live = _live(mask, b, m * n)
+    if live is None:
+        return None
+    return sharktank_paged_decode_attention(q.reshape(b, h, e), k_pool, v_pool, pages, live, float(scale)).reshape(b, h, 1, e)
 
 
 class BlockProducts:
@@ -123,7 +162,7 @@ class BlockProducts:
 
 def kernels_in(mlir: str) -> list[str]:
     """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
-    the registered layouts of its products (lower case, e.g. ``q8_0``) and
-    ``decode_attention``."""
+    the registered layouts of its products (lower case, e.g. ``q8_0``), ``decode_attention``
+    and ``paged_decode_attention``."""
     found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir]
-    return sorted(found + (["decode_attention"] if _ATTENTION_PREFIX in mlir else []))
+    return sorted(found + [name for name, prefix in _ATTENTION_PREFIXES.items() if prefix in mlir])

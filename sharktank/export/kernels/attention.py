@@ -15,16 +15,24 @@ maximum's correction of the sums so far (``exp(old - new)``, one per chunk), the
 float32 accumulator of ``head_dim`` lanes (a masked entry's values taken as 0: what a masked
 entry holds never reaches the result, not even a NaN). The result is the accumulator over the weights'
 sum: a softmax computed online, equal to the torch form up to float32 rounding.
+
+The paged variant (:func:`paged_module_asm`, what export takes for
+:func:`sharktank.ops.paged_attention`) walks the same chunks with the same body over pools of
+pages (``[P, N, KVH, E]``, P dynamic) instead of a cache: entry ``t`` of a sequence is read at
+slot ``t % N`` of page ``pages[seq, t // N]``, the table read once per page a live chunk
+touches, so a decode step reads the live entries in place where the torch form gathers all
+of each row's pages first. Only where a key or value row is read differs (:data:`Rows`).
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Callable
 
 from .frame import Operand, executable
 from .mlir import Emitter, Value, vector
 
-__all__ = ["CHUNK", "function_name", "module_asm"]
+__all__ = ["CHUNK", "function_name", "module_asm", "paged_function_name", "paged_module_asm"]
 
 CHUNK = 16  # cache entries per step of the walk (the mask of one chunk: one 16-byte load)
 _FLOATS = ("f32", "bf16", "f16")
@@ -45,16 +53,21 @@ def _load_row(em: Emitter, mem: Value, indices: list[Value], e: int, elem: str) 
     return got if elem == "f32" else em.cast("arith.extf", got, vector(e, "f32"), "kv")
 
 
-def _chunk(em: Emitter, at: dict[str, Value], queries: list[Value], state: list[Value], live: Value, e: int, kv_elem: str) -> list[Value]:
-    """An active chunk at ``at["c"]`` (entries ``c .. c + 15``): from the running maxima,
-    sums and accumulators ``state`` (g of each) to the next ones."""
+Rows = Callable[[Value, Value, Value], list[list[Value]]]
+"""``rows(chunk, seq, head)``: the indices into K and V of the row of each of the :data:`CHUNK`
+entries from ``chunk`` on, for sequence ``seq`` and KV head ``head`` (emitted in the chunk's
+branch: only an active chunk computes them)."""
+
+
+def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], queries: list[Value], state: list[Value], live: Value, e: int, kv_elem: str) -> list[Value]:
+    """An active chunk, its entries' rows of ``k`` and ``v`` at ``rows``: from the running
+    maxima, sums and accumulators ``state`` (g of each) to the next ones."""
     g = len(queries)
     ve, v16 = vector(e, "f32"), vector(CHUNK, "f32")
     m, l, a = state[:g], state[g : 2 * g], state[2 * g :]
-    entries = [em.binary("arith.addi", at["c"], em.const(tt), "t") for tt in range(CHUNK)]
     scores = [[None] * CHUNK for _ in range(g)]
     for tt in range(CHUNK):
-        key = _load_row(em, at["k"], [at["b"], entries[tt], at["h"], em.const(0)], e, kv_elem)
+        key = _load_row(em, k, rows[tt], e, kv_elem)
         for j in range(g):
             scores[j][tt] = em.reduction("add", em.binary("arith.mulf", queries[j], key, "p"), "s")
     ninf16, zero_e = em.const(float("-inf"), v16), em.const(0.0, ve)
@@ -70,7 +83,7 @@ def _chunk(em: Emitter, at: dict[str, Value], queries: list[Value], state: list[
         weights.append(w)
         acc.append(em.binary("arith.mulf", a[j], em.broadcast(correction, ve), "ac"))
     for tt in range(CHUNK):
-        value = _load_row(em, at["v"], [at["b"], entries[tt], at["h"], em.const(0)], e, kv_elem)
+        value = _load_row(em, v, rows[tt], e, kv_elem)
         # A masked entry's values count 0 whatever they are (0 * NaN would be NaN).
         value = em.select(em.extract(live, tt, "lv"), value, zero_e, "vz")
         for j in range(g):
@@ -79,43 +92,103 @@ def _chunk(em: Emitter, at: dict[str, Value], queries: list[Value], state: list[
     return new_m + new_l + acc
 
 
+def _walk(em: Emitter, wg: Value, q: Value, k: Value, v: Value, mask: Value, out: Value, *, h: int, kvh: int, t: int, e: int, q_elem: str, kv_elem: str,
+          scale: float, rows: Rows) -> None:
+    """The body both dispatches share: workgroup ``wg``'s sequence and KV head, its ``g``
+    query heads' online softmax over the ``t`` entries of ``mask`` chunk by chunk (a chunk
+    whose mask is all false skipped), K and V rows where ``rows`` says, the result stored."""
+    g = h // kvh
+    c, ve = em.const, vector(e, "f32")
+    seq = em.binary("arith.divui", wg, c(kvh), "b")
+    head = em.binary("arith.remui", wg, c(kvh), "h")
+    h0 = em.binary("arith.muli", head, c(g), "h0")
+    scale_v = em.broadcast(c(scale, "f32"), ve, "scale")
+    heads = [em.binary("arith.addi", h0, c(j), "hq") for j in range(g)]
+    queries = [em.binary("arith.mulf", _load_row(em, q, [seq, hq, c(0)], e, q_elem), scale_v, "q") for hq in heads]
+    fz, ninf, zero_e = c(0.0, "f32"), c(float("-inf"), "f32"), c(0.0, ve)
+
+    def step(chunk: Value, state: list[Value]) -> list[Value]:
+        live = em.cmp("arith.cmpi", "ne", em.load(mask, [seq, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
+        any_live = em.reduction("or", live, "any")
+        return em.if_(any_live, lambda: _chunk(em, k, v, rows(chunk, seq, head), queries, state, live, e, kv_elem), lambda: state, [s.type for s in state])
+
+    state = em.for_(c(0), c(t), c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
+    for j in range(g):
+        o = em.binary("arith.divf", state[2 * g + j], em.broadcast(state[g + j], ve, "l"), "o")
+        if q_elem != "f32":
+            o = em.cast("arith.truncf", o, vector(e, q_elem), "o")
+        em.store(o, out, [seq, heads[j], c(0)])
+
+
+def _check(what: str, h: int, kvh: int, t: int, q_elem: str, kv_elem: str) -> None:
+    if q_elem not in _FLOATS or kv_elem not in _FLOATS:
+        raise ValueError(f"{what}: q and the cache must be one of {list(_FLOATS)}, found {q_elem} and {kv_elem}")
+    if h % kvh or t % CHUNK:
+        raise ValueError(f"{what}: expected query heads a multiple of KV heads and a cache length a multiple of {CHUNK}, found {h}, {kvh} and {t}")
+
+
 def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
     """A module holding ``util.func @<function_name>(q: tensor<b x h x e x q_elem>, k, v:
     tensor<b x t x kvh x e x kv_elem>, mask: tensor<b x t x i8>) -> tensor<b x h x e x
     q_elem>``: for each sequence and query head, ``softmax(scale * q . k, masked) @ v`` over
     the cache entries whose mask byte is not 0, query head ``i`` attending with KV head ``i //
     (h // kvh)``. ``t``: a multiple of :data:`CHUNK`."""
-    if q_elem not in _FLOATS or kv_elem not in _FLOATS:
-        raise ValueError(f"decode attention: q and the cache must be one of {list(_FLOATS)}, found {q_elem} and {kv_elem}")
-    if h % kvh or t % CHUNK:
-        raise ValueError(f"decode attention: expected query heads a multiple of KV heads and a cache length a multiple of {CHUNK}, found {h}, {kvh} and {t}")
-    g = h // kvh
+    _check("decode attention", h, kvh, t, q_elem, kv_elem)
     q_op, kv_shape = Operand("q", (b, h, e), q_elem), (b, t, kvh, e)
     inputs = [q_op, Operand("k", kv_shape, kv_elem), Operand("v", kv_shape, kv_elem), Operand("mask", (b, t), "i8")]
 
     def body(em: Emitter, wg: Value, views: list[Value]) -> None:
-        q, k, v, mask, out = views
-        c, ve = em.const, vector(e, "f32")
-        seq = em.binary("arith.divui", wg, c(kvh), "b")
-        head = em.binary("arith.remui", wg, c(kvh), "h")
-        h0 = em.binary("arith.muli", head, c(g), "h0")
-        scale_v = em.broadcast(c(scale, "f32"), ve, "scale")
-        heads = [em.binary("arith.addi", h0, c(j), "hq") for j in range(g)]
-        queries = [em.binary("arith.mulf", _load_row(em, q, [seq, hq, c(0)], e, q_elem), scale_v, "q") for hq in heads]
-        fz, ninf, zero_e = c(0.0, "f32"), c(float("-inf"), "f32"), c(0.0, ve)
-        at = dict(b=seq, h=head, k=k, v=v)
+        def rows(chunk: Value, seq: Value, head: Value) -> list[list[Value]]:
+            return [[seq, em.binary("arith.addi", chunk, em.const(tt), "t"), head, em.const(0)] for tt in range(CHUNK)]
 
-        def step(chunk: Value, state: list[Value]) -> list[Value]:
-            live = em.cmp("arith.cmpi", "ne", em.load(mask, [seq, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
-            any_live = em.reduction("or", live, "any")
-            active = dict(at, c=chunk)
-            return em.if_(any_live, lambda: _chunk(em, active, queries, state, live, e, kv_elem), lambda: state, [s.type for s in state])
-
-        state = em.for_(c(0), c(t), c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
-        for j in range(g):
-            o = em.binary("arith.divf", state[2 * g + j], em.broadcast(state[g + j], ve, "l"), "o")
-            if q_elem != "f32":
-                o = em.cast("arith.truncf", o, vector(e, q_elem), "o")
-            em.store(o, out, [seq, heads[j], c(0)])
+        _walk(em, wg, *views, h=h, kvh=kvh, t=t, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
 
     return executable(function_name(b, h, t, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)
+
+
+def paged_function_name(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+    return f"sharktank_paged_decode_attention_{b}x{h}x{m}x{n}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
+
+
+def _page_rows(em: Emitter, pages: Value, last: Value, n: int) -> Rows:
+    """Rows through the page table: entry ``t`` of a sequence is slot ``t % n`` of page
+    ``pages[seq, t // n]`` (clamped to ``last``, the pool's last page: a table entry past the
+    pool reads a page of it, never past the buffer). A chunk reads the table once per page it
+    touches, with static slots when its pages are whole (``n`` divides :data:`CHUNK`)."""
+
+    def page(seq: Value, column: Value) -> Value:
+        got = em.cast("arith.index_cast", em.load_scalar(pages, [seq, column], "pg"), "index", "pg")
+        return em.binary("arith.minui", got, last, "page")
+
+    def rows(chunk: Value, seq: Value, head: Value) -> list[list[Value]]:
+        zero, size = em.const(0), em.const(n)
+        if CHUNK % n == 0:  # CHUNK // n whole pages
+            first = em.binary("arith.divui", chunk, size, "col")
+            held = [page(seq, first if j == 0 else em.binary("arith.addi", first, em.const(j), "col")) for j in range(CHUNK // n)]
+            return [[held[tt // n], em.const(tt % n), head, zero] for tt in range(CHUNK)]
+        if n % CHUNK == 0:  # the chunk inside one page
+            held, slot = page(seq, em.binary("arith.divui", chunk, size, "col")), em.binary("arith.remui", chunk, size, "slot")
+            return [[held, slot if tt == 0 else em.binary("arith.addi", slot, em.const(tt), "slot"), head, zero] for tt in range(CHUNK)]
+        entries = [em.binary("arith.addi", chunk, em.const(tt), "t") for tt in range(CHUNK)]
+        return [[page(seq, em.binary("arith.divui", t, size, "col")), em.binary("arith.remui", t, size, "slot"), head, zero] for t in entries]
+
+    return rows
+
+
+def paged_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+    """A module holding ``util.func @<paged_function_name>(q: tensor<b x h x e x q_elem>,
+    k_pool, v_pool: tensor<? x n x kvh x e x kv_elem>, pages: tensor<b x m x i64>, mask:
+    tensor<b x m*n x i8>) -> tensor<b x h x e x q_elem>``: :func:`module_asm`'s attention over
+    each sequence's ``m`` pages of ``n`` entries, read from the pools (of any number of pages)
+    through the page table ``pages`` (entry ``t`` of sequence ``s``: slot ``t % n`` of page
+    ``pages[s, t // n]``). ``m * n``: a multiple of :data:`CHUNK`."""
+    _check("paged decode attention", h, kvh, m * n, q_elem, kv_elem)
+    q_op, pool = Operand("q", (b, h, e), q_elem), (None, n, kvh, e)
+    inputs = [q_op, Operand("k", pool, kv_elem), Operand("v", pool, kv_elem), Operand("pages", (b, m), "i64"), Operand("mask", (b, m * n), "i8")]
+
+    def body(em: Emitter, wg: Value, views: list[Value]) -> None:
+        q, k, v, pages, mask, out = views
+        last = em.binary("arith.subi", em.binary("arith.minui", em.dim(k, 0), em.dim(v, 0), "pool"), em.const(1), "last")
+        _walk(em, wg, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=_page_rows(em, pages, last, n))
+
+    return executable(paged_function_name(b, h, m, n, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)

@@ -1,5 +1,6 @@
 """The hand-written dispatches as iree-turbine custom ops: a block product per registered
-layout (:mod:`.registry`), x's int16 rounding per int16-x layout, and decode attention.
+layout (:mod:`.registry`), x's int16 rounding per int16-x layout, and decode attention over
+a cache or through a page table into a pool of pages (whose page count stays dynamic).
 
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
 with its ``stream.executable``); eagerly it is the torch form it replaces, so a model with
@@ -18,7 +19,7 @@ from . import attention, int16_x, product_dispatch
 from .block_kernel import GROUP, BlockKernel
 from .registry import KERNELS
 
-__all__ = ["DTYPES", "ELEMENT_TYPES", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention"]
+__all__ = ["DTYPES", "ELEMENT_TYPES", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
@@ -153,6 +154,18 @@ ROUNDINGS = {  # x as its int16 kernel takes it
 }
 
 
+def _attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """The decode-attention ops' eager form: q [B, H, E] over k, v [B, T, KVH, E] where the
+    int8 mask [B, T] is not 0, in float32."""
+    b, h, e = q.shape
+    kvh = k.shape[2]
+    dropped = (mask == 0)[:, :, None, None]  # entries not read (whatever they hold)
+    k, v = k.float().masked_fill(dropped, 0), v.float().masked_fill(dropped, 0)
+    s = torch.einsum("bkge,btke->bkgt", q.float().reshape(b, kvh, h // kvh, e), k) * scale
+    p = torch.softmax(s.masked_fill(mask[:, None, None, :] == 0, float("-inf")), -1)
+    return torch.einsum("bkgt,btke->bkge", p, v).reshape(b, h, e).to(q.dtype)
+
+
 @CustomOp.register()
 class sharktank_decode_attention(CustomOp):
     """``softmax(scale * q . k, where mask) @ v`` for ``q`` [B, H, E] (one query per sequence
@@ -180,16 +193,50 @@ class sharktank_decode_attention(CustomOp):
         ksel.return_new_tensor(qs, q.t.dtype).specialize_all_dims()
 
     def eager_execute(self, q, k, v, mask, scale):
-        b, h, e = q.shape
-        kvh = k.shape[2]
-        dropped = (mask == 0)[:, :, None, None]  # entries not read (whatever they hold)
-        k, v = k.float().masked_fill(dropped, 0), v.float().masked_fill(dropped, 0)
-        s = torch.einsum("bkge,btke->bkgt", q.float().reshape(b, kvh, h // kvh, e), k) * scale
-        p = torch.softmax(s.masked_fill(mask[:, None, None, :] == 0, float("-inf")), -1)
-        return torch.einsum("bkgt,btke->bkge", p, v).reshape(b, h, e).to(q.dtype)
+        return _attention(q, k, v, mask, scale)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         q, k = ksel.arg_descs[0].t, ksel.arg_descs[1].t
         (b, h, e), (_, t, kvh, _) = q.shape, k.shape
         args = dict(b=b, h=h, t=t, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[4].v)
         _call(kb, attention.function_name(**args), attention.module_asm, **args)
+
+
+@CustomOp.register()
+class sharktank_paged_decode_attention(CustomOp):
+    """:class:`sharktank_decode_attention` over each sequence's pages: ``q`` [B, H, E], pools
+    ``k_pool``, ``v_pool`` [P, N, KVH, E] (P pages of N entries; P stays dynamic when traced),
+    ``pages`` [B, M] (int64: entry t of sequence b is slot t % N of page pages[b, t // N]) and
+    ``mask`` [B, M * N] (int8), M * N a multiple of ``attention.CHUNK``; the result [B, H, E]
+    in q's dtype (:func:`.attention.paged_module_asm`). Eagerly: the pages gathered, then
+    that op's attention."""
+
+    signature = "sharktank_paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor pages, Tensor mask, float scale) -> (Tensor)"
+
+    def select(self, ksel: KernelSelection):
+        q, k, v, pages, mask = (ksel.arg_tensor(i) for i in range(5))
+        ksel.attr_float(5)
+        qs, ks, vs, ps = list(q.t.shape), list(k.t.shape), list(v.t.shape), list(pages.t.shape)
+        torch._check(
+            len(qs) == 3 and len(ks) == 4 and len(vs) == 4 and vs[1:] == ks[1:] and v.t.dtype == k.t.dtype and ks[3] == qs[2] and qs[1] % ks[2] == 0
+            and len(ps) == 2 and ps[0] == qs[0] and pages.t.dtype == torch.int64 and list(mask.t.shape) == [qs[0], ps[1] * ks[1]] and mask.t.dtype == torch.int8
+            and ps[1] * ks[1] % attention.CHUNK == 0 and q.t.dtype in ELEMENT_TYPES and k.t.dtype in ELEMENT_TYPES,
+            lambda: f"paged decode attention: expected q [B, H, E], pools [P, N, KVH, E] (H a multiple of KVH), int64 pages [B, M] and an int8 mask [B, M * N] "
+            f"(M * N a multiple of {attention.CHUNK}), found {qs} ({q.t.dtype}), {ks} ({k.t.dtype}), {vs} ({v.t.dtype}), {ps} ({pages.t.dtype}) and {list(mask.t.shape)} ({mask.t.dtype})",
+        )
+        for arg in (q, pages, mask):
+            arg.specialize_all_dims()
+        for pool in (k, v):
+            pool.specialize_dims(1, 2, 3)  # the page count stays dynamic
+        ksel.return_new_tensor(qs, q.t.dtype).specialize_all_dims()
+
+    def eager_execute(self, q, k_pool, v_pool, pages, mask, scale):
+        b, m = pages.shape
+        k, v = (pool[pages].reshape(b, m * pool.shape[1], *pool.shape[2:]) for pool in (k_pool, v_pool))
+        return _attention(q, k, v, mask, scale)
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        q, k, pages = ksel.arg_descs[0].t, ksel.arg_descs[1].t, ksel.arg_descs[3].t
+        (b, h, e), (_, n, kvh, _) = q.shape, k.shape
+        args = dict(b=b, h=h, m=pages.shape[1], n=n, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[5].v)
+        _call(kb, attention.paged_function_name(**args), attention.paged_module_asm, **args)

@@ -5,6 +5,12 @@ writes only the function's body (:func:`executable`).
 
 Bindings are memrefs with ``offset: ?`` strided layouts: stream packs bindings at offsets in
 one buffer, and a plain identity memref would read from the buffer's start (a segfault).
+
+An input may have a dynamic leading dim (``None`` in its shape: a page pool of any number of
+pages). The ``util.func`` reads it with ``tensor.dim`` and passes it to ``flow.dispatch``
+after the tensors (which carry it as their ``{%d}`` shape); the dispatch function receives
+it as an ``index`` after the bindings and sizes the binding's memref with it. The other dims
+and the workgroup count stay static.
 """
 
 from __future__ import annotations
@@ -17,30 +23,48 @@ from .mlir import Emitter, Value
 __all__ = ["Operand", "executable", "memref_type", "tensor_type"]
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
+Shape = Sequence["int | None"]  # None: a dynamic dim (the leading one only)
+
+
+def _strides(shape: Shape) -> list[int]:
+    """Row-major strides; static, as only the leading dim may be dynamic."""
     strides, step = [], 1
     for d in reversed(shape):
         strides.append(step)
-        step *= d
+        step = step * d if d is not None else None
     return strides[::-1]
 
 
-def memref_type(shape: Sequence[int], elem: str) -> str:
+def _dims(shape: Shape) -> str:
+    return "x".join("?" if d is None else str(d) for d in shape)
+
+
+def memref_type(shape: Shape, elem: str) -> str:
     """A binding's memref: row-major ``shape`` at a dynamic offset."""
-    return f"memref<{'x'.join(map(str, shape))}x{elem}, strided<[{', '.join(map(str, _strides(shape)))}], offset: ?>>"
+    return f"memref<{_dims(shape)}x{elem}, strided<[{', '.join(map(str, _strides(shape)))}], offset: ?>>"
 
 
-def tensor_type(shape: Sequence[int], elem: str) -> str:
-    return f"tensor<{'x'.join(map(str, shape))}x{elem}>"
+def tensor_type(shape: Shape, elem: str) -> str:
+    return f"tensor<{_dims(shape)}x{elem}>"
 
 
 @dataclass(frozen=True)
 class Operand:
-    """A dispatch operand (or result): the hint of its name, its shape and element type."""
+    """A dispatch operand (or result): the hint of its name, its shape (``None`` first: a
+    dynamic leading dim, inputs only) and element type."""
 
     hint: str
-    shape: tuple[int, ...]
+    shape: tuple["int | None", ...]
     elem: str
+
+    def __post_init__(self):
+        if None in self.shape[1:]:
+            raise ValueError(f"operand {self.hint}: only the leading dim may be dynamic, found {_dims(self.shape)}")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the leading dim is dynamic."""
+        return bool(self.shape) and self.shape[0] is None
 
     @property
     def tensor(self) -> str:
@@ -54,10 +78,19 @@ class Operand:
 Body = Callable[[Emitter, Value, list[Value]], None]
 
 
+def _size(sizes: dict[int, Value], i: int) -> str:
+    """The ``{%d}`` shape annotation of input ``i``'s type ("" for a static one)."""
+    return f"{{{sizes[i]}}}" if i in sizes else ""
+
+
 def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: Sequence[Operand], body: Body) -> str:
     """A module holding ``util.func @name(inputs) -> outputs`` and the dispatch it calls:
     ``workgroups`` workgroups, each running ``body(emitter, workgroup_id, memrefs)`` with the
-    memrefs of ``inputs`` then ``outputs``, in order."""
+    memrefs of ``inputs`` then ``outputs``, in order (a dynamic leading dim: ``memref.dim``
+    of its memref, :meth:`.Emitter.dim`)."""
+    if any(op.dynamic for op in outputs):
+        raise ValueError(f"{name}: a result's dims must be static, found {[op.tensor for op in outputs]}")
+    dynamic = [i for i, op in enumerate(inputs) if op.dynamic]
     e = Emitter()
     e.line("module {")
     e.line(f"stream.executable private @{name}_exe {{")
@@ -70,11 +103,13 @@ def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: S
         e.line("builtin.module {")
         with e.region():
             bindings = [Value(e.fresh(f"{op.hint}b"), "!stream.binding") for op in (*inputs, *outputs)]
-            e.line(f"func.func @{name}({', '.join(f'{b}: !stream.binding' for b in bindings)}) {{")
+            sizes = {i: Value(e.fresh(f"{inputs[i].hint}d"), "index") for i in dynamic}  # after the bindings, as flow.dispatch passes them
+            params = [f"{b}: !stream.binding" for b in bindings] + [f"{d}: index" for d in sizes.values()]
+            e.line(f"func.func @{name}({', '.join(params)}) {{")
             with e.region():
                 zero = e.const(0)
-                views = [e.assign(op.hint, f"stream.binding.subspan {b}[{zero}] : !stream.binding -> {op.memref}", op.memref)
-                         for b, op in zip(bindings, (*inputs, *outputs))]
+                views = [e.assign(op.hint, f"stream.binding.subspan {b}[{zero}] : !stream.binding -> {op.memref}{_size(sizes, i)}", op.memref)
+                         for i, (b, op) in enumerate(zip(bindings, (*inputs, *outputs)))]
                 wg = e.assign("wg", "stream.dispatch.workgroup.id[0] : index", "index")
                 body(e, wg, views)
                 e.line("return")
@@ -85,9 +120,11 @@ def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: S
     results = ", ".join(op.tensor for op in outputs)
     e.line(f"util.func private @{name}({', '.join(f'{a}: {a.type}' for a in args)}) -> ({results}) {{")
     with e.region():
+        sizes = {i: e.assign(f"{inputs[i].hint}d", f"tensor.dim {args[i]}, {e.const(0)} : {args[i].type}", "index") for i in dynamic}
         outs = [e.fresh(op.hint) for op in outputs]
-        in_types = ", ".join(a.type for a in args)
-        e.line(f"{', '.join(outs)} = flow.dispatch @{name}_exe::@{name}({', '.join(map(str, args))}) : ({in_types}) -> ({results})")
+        operands = ", ".join(map(str, (*args, *sizes.values())))
+        in_types = ", ".join([f"{a.type}{_size(sizes, i)}" for i, a in enumerate(args)] + ["index"] * len(sizes))
+        e.line(f"{', '.join(outs)} = flow.dispatch @{name}_exe::@{name}({operands}) : ({in_types}) -> ({results})")
         e.line(f"util.return {', '.join(outs)} : {results}")
     e.line("}")
     e.line("}")

@@ -199,6 +199,10 @@ class Emitter:
         """A read prefetch into all cache levels."""
         self.line(f"memref.prefetch {mem}[{', '.join(map(str, indices))}], read, locality<3>, data : {mem.type}")
 
+    def dim(self, mem: Value, index: int, hint: str = "dim") -> Value:
+        """``memref.dim``: the size of dim ``index`` of ``mem`` (a dynamic one's)."""
+        return self.assign(hint, f"memref.dim {mem}, {self.const(index)} : {mem.type}", "index")
+
     def alloca(self, type_: str, hint: str = "scratch") -> Value:
         return self.assign(hint, f"memref.alloca() : {type_}", type_)
 
