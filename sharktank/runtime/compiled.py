@@ -102,17 +102,14 @@ class PrefillDecode:
 
     def prefill_rows(self, prompts: Sequence[Sequence[int]], rows: Sequence[int], cache: list) -> tuple[list[torch.Tensor], list]:
         """``(logits, cache)``: each prompt ``prompts[i]`` (token ids) prefilled from position 0
-        into batch row ``rows[i]`` of ``cache``; ``logits[i]`` is prompt ``i``'s
-        ``[len(prompts[i]), vocab]``. Rows not named keep their caches bit for bit; what a
-        named row holds past its own prompt is never attended to (causal mask).
-
-        Prompts for more than half the rows: one ``prefill_rows_bs{B}`` call, every prompt
-        right-padded to the longest (rows not named run padding of length 0, whose cache
-        writes are dropped, so the call costs a batch-``B`` prefill of that length). Fewer:
-        one ``prefill_row_bs{B}`` call per prompt, each computing its own row only
-        (``prefill_bs1`` for ``B = 1``), which costs less where prefill is
-        compute-bound (a 1B model on a CPU) and about the same where it is not. An artifact
-        exported before ``prefill_rows`` existed always gets one ``prefill_row`` per prompt."""
+        into batch row ``rows[i]`` of ``cache`` in one ``prefill_rows_bs{B}`` call; ``logits[i]``
+        is prompt ``i``'s ``[len(prompts[i]), vocab]``. Every prompt is right-padded to the
+        longest and rows not named run padding of length 0, whose cache writes are dropped: the
+        call costs a batch-``B`` prefill of that length, and rows not named keep their caches
+        bit for bit. What a named row holds past its own prompt is never attended to (causal
+        mask). Whether a few prompts are better prefilled one :meth:`prefill_row` each (which
+        computes one row only: cheaper where prefill is compute-bound) is the caller's choice;
+        the serving scheduler makes it (``serving.scheduler.prefill_calls``)."""
         batch = self._cache_batch(cache)
         if not isinstance(prompts, (list, tuple)) or not isinstance(rows, (list, tuple)) or len(prompts) != len(rows) or not prompts:
             raise InputError(f"prefill_rows takes as many rows as prompts (at least one), found {_count(prompts)} prompts and {_count(rows)} rows")
@@ -120,12 +117,8 @@ class PrefillDecode:
             raise InputError(f"rows must be distinct integers in [0, {batch}) for a batch-{batch} cache, found {list(rows)!r}")
         if any(not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
             raise InputError("each prompt must be a non-empty list of integer token ids")
-        if 2 * len(prompts) <= batch or self.find("prefill_rows", batch) is None:
-            logits = []
-            for prompt, row in zip(prompts, rows):
-                out, cache = self.prefill_row(torch.tensor([list(prompt)], dtype=torch.int64), row, cache)
-                logits.append(out[0])
-            return logits, cache
+        if self.find("prefill_rows", batch) is None:
+            raise InputError(f"no prefill_rows function for batch size {batch} (export it with --functions, or prefill each prompt with prefill_row)")
         s = max(2, *(len(p) for p in prompts))  # the exported length is at least 2; padding is dropped
         tokens = torch.zeros(batch, s, dtype=torch.int64)
         lengths = [0] * batch

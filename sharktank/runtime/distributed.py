@@ -319,8 +319,9 @@ class DistributedModel(PrefillDecode):
     ) -> tuple[torch.Tensor, list]:
         """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`).
         The pipeline's wire protocol carries prefill, decode and prefill_row: a ``lengths``
-        call (``prefill_rows``) is refused, and :meth:`PrefillDecode.prefill_rows` does not
-        make one, since host programs export no ``prefill_rows`` function."""
+        call (``prefill_rows``) is refused. Host programs export no ``prefill_rows`` function,
+        so :meth:`PrefillDecode.prefill_rows` refuses before it comes here and the serving
+        scheduler prefills one row per call."""
         batch = tokens.shape[0] if batch is None else batch
         if kind not in _OPS or lengths is not None:
             raise InputError(f"a multi-host pipeline runs {', '.join(_OPS)} calls, not {kind}{' with lengths' if lengths is not None else ''}")

@@ -280,6 +280,10 @@ class Engine:
                 logits = [out]
                 if not p.last:
                     return
+            elif len(call.rows) == 1:  # the scheduler's choice (prefill_calls): one row computed alone
+                (p,) = call.rows
+                out, self._cache = self.model.prefill_row(torch.tensor([list(p.tokens)], dtype=torch.int64), p.row, self._cache)
+                logits = [out[0]]
             else:
                 logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache)
         except ModelLost:

@@ -132,21 +132,24 @@ def test_prefill_rows_match_each_prompt_alone_and_leave_other_rows(compiled):
 
 
 
-def test_prefill_rows_for_half_the_rows_or_fewer_run_one_row_each(compiled):
+def test_prefill_rows_is_one_batched_call_whatever_the_count(compiled):
+    """The runtime runs what it is asked (the scheduler chooses rows or a batch): two prompts
+    of four rows are one prefill_rows call, equal to each prompt alone, other rows untouched."""
     _, cache = compiled.prefill_rows([PROMPTS[4], PROMPTS[5], PROMPTS[6], PROMPTS[7]], [0, 1, 2, 3], compiled.new_cache(4))
     before, calls = host(cache), {k: len(v) for k, v in compiled.timings.items()}
     prompts, rows = [PROMPTS[2], PROMPTS[0]], [1, 3]
     logits, cache = compiled.prefill_rows(prompts, rows, cache)
     after = host(cache)
     made = {k: len(v) - calls.get(k, 0) for k, v in compiled.timings.items()}
-    assert {k: n for k, n in made.items() if n} == {"prefill_row": 2}  # two one-row calls, no batch-4 prefill
+    assert {k: n for k, n in made.items() if n} == {"prefill_rows": 1}
     for prompt, r, got in zip(prompts, rows, logits, strict=True):
         alone, alone_cache = compiled.prefill(torch.tensor([prompt]))
-        assert torch.equal(got, alone[0])
+        assert (got - alone[0]).abs().max().item() <= 1e-5
         for b, a, one in zip(before, after, host(alone_cache), strict=True):
-            assert np.array_equal(a[r, : len(prompt)], one[0, : len(prompt)])
+            assert np.abs(a[r, : len(prompt)] - one[0, : len(prompt)]).max() <= 1e-5
     for b, a in zip(before, after, strict=True):
         assert np.array_equal(a[[0, 2]], b[[0, 2]])  # the rows not named: byte-identical
+
 
 def test_prefill_row_tp2_pp2(tmp_path):
     model = load_model("toy-llama", tp=2, pp=2)
@@ -214,8 +217,8 @@ def test_concurrent_requests_match_each_alone(compiled, engines, chunk_tokens):
 
 def test_requests_arriving_together_are_prefilled_in_one_call(compiled, engines):
     want = [greedy(compiled, PROMPTS[i], 6) for i in range(6)]
-    calls = []  # the rows of each prefill_rows call
-    model = Hooked(compiled, "prefill_rows", lambda n: None, record=calls)
+    batched, single = [], []  # the rows of each prefill_rows call; the row of each prefill_row call
+    model = Hooked(Hooked(compiled, "prefill_rows", lambda n: None, record=batched), "prefill_row", lambda n: None, record=single)
     engine = engines(model=model, start=False, chunk_tokens=None)
     collectors = [Collect() for _ in range(6)]
     # 6 requests, 4 rows: 4 prefilled together, then 2 (half the rows) in one one-row call each
@@ -224,7 +227,7 @@ def test_requests_arriving_together_are_prefilled_in_one_call(compiled, engines)
     engine.start()
     for w, c in zip(want, collectors):
         assert c.wait().ids == w
-    assert calls == [[0, 1, 2, 3], [0], [1]]
+    assert batched == [[0, 1, 2, 3]] and single == [0, 1]
 
 
 def test_reused_row_shows_nothing_of_its_previous_request(engines):
@@ -358,10 +361,10 @@ def _raise_at_first(n: int) -> None:
         raise RuntimeError("device lost (injected)")
 
 
-@pytest.mark.parametrize("name", ["decode", "prefill_rows", "prefill_chunk"])
+@pytest.mark.parametrize("name", ["decode", "prefill_row", "prefill_chunk"])
 def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(compiled, engines, name):
     want = greedy(compiled, PROMPTS[1], 4)
-    engine = engines(model=Hooked(compiled, name, _raise_at_first), chunk_tokens=None if name == "prefill_rows" else 4)
+    engine = engines(model=Hooked(compiled, name, _raise_at_first), chunk_tokens=None if name == "prefill_row" else 4)
     failed = run_alone(engine, PROMPTS[0], SamplingParams(max_tokens=4))
     assert failed.events[-1] == Event(None, "error", f"{'decode' if name == 'decode' else 'prefill'} failed: RuntimeError: device lost (injected)")
     assert run_alone(engine, PROMPTS[1], SamplingParams(max_tokens=4)).ids == want
