@@ -4,7 +4,8 @@
 
 Exports once into ``--work`` (default ``~/.cache/sharktank/bench_paged``; an export there is
 reused: delete it after changing sharktank): ``--model`` with batch sizes 1 and 8, a 2048-position cache and pages
-of 16, and toy-llama with batch sizes 8 and 64, its 128-position cache and pages of 8. Then:
+of 16, and toy-llama with batch sizes 8 and 64, its 128-position cache and pages of 8 (both
+with the contiguous kinds ``prefill,decode,prefill_row,prefill_rows`` only). Then:
 
 1. **Shared prefix**: a 1024-token system prompt seen once (a warm-up request), then 8 requests
    sharing it with different 16-token questions submitted at once: time to first token, p50
@@ -181,8 +182,10 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    real = export(work, "model-bs1-8-T2048-page16", "--model", args.model, "--batch-sizes", "1,8", "--max-seq-len", "2048", "--page-size", "16")
-    toy = export(work, "toy-bs8-64-T128-page8", "--model", "toy-llama", "--batch-sizes", "8,64", "--page-size", "8")
+    # The contiguous kinds the sections run (whole prompts: prefill_row and prefill_rows; no chunks).
+    kinds = ("--functions", "prefill,decode,prefill_row,prefill_rows")
+    real = export(work, "model-bs1-8-T2048-page16-rows", "--model", args.model, "--batch-sizes", "1,8", "--max-seq-len", "2048", "--page-size", "16", *kinds)
+    toy = export(work, "toy-bs8-64-T128-page8-rows", "--model", "toy-llama", "--batch-sizes", "8,64", "--page-size", "8", *kinds)
     shared_prefix(real, args.rounds)
     capacity(toy)
     decode_step(real, args.rounds)

@@ -84,7 +84,8 @@ def exported(tmp_path_factory):
     work = tmp_path_factory.mktemp("torch_forms")
     path, out = work / "mixed.gguf", work / "art"
     save_gguf(path, CONFIG, theta)
-    manifest = export_artifact(load_model(path, tp=1, deferred=True), out, source=str(path), max_seq_len=32, target_arch=ARCH)
+    manifest = export_artifact(load_model(path, tp=1, deferred=True), out, source=str(path), max_seq_len=32, target_arch=ARCH,
+                               functions=("prefill", "decode"))
     return path, out, manifest, layouts
 
 

@@ -67,11 +67,12 @@ def build_once(root: Path, name: str, build: Callable[[Path], None], marker: str
 
 
 def build_toy(out: Path, max_seq_len: int, compile: bool = True) -> None:
-    """The compiled toy-llama (tp=1, batch 1) with a KV cache of ``max_seq_len``."""
+    """The compiled toy-llama (tp=1, batch 1, prefill and decode) with a KV cache of ``max_seq_len``."""
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
-    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(1,), max_seq_len=max_seq_len, compile=compile)
+    export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(1,), max_seq_len=max_seq_len, compile=compile,
+                    functions=("prefill", "decode"))
 
 
 def save_small_model(path: Path, num_layers: int = 1):

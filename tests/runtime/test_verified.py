@@ -18,7 +18,7 @@ def artifact(tmp_path_factory):
     from sharktank.models import load_model
 
     out = tmp_path_factory.mktemp("verified") / "art"
-    export_artifact(load_model("toy-llama", tp=2), out, source="toy-llama", max_seq_len=16)
+    export_artifact(load_model("toy-llama", tp=2), out, source="toy-llama", max_seq_len=16, functions=("prefill", "decode"))
     return out
 
 

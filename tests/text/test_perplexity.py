@@ -90,7 +90,7 @@ def test_eager_checkpoint_matches_transformers(checkpoint, capsys):
 @pytest.fixture(scope="module")
 def artifact(checkpoint):
     out = checkpoint.parent / "tp2"
-    assert main(["export", "--model", str(checkpoint), "--tp", "2", "--max-seq-len", str(WINDOW), "--output-dir", str(out), "--json"]) == 0
+    assert main(["export", "--model", str(checkpoint), "--tp", "2", "--max-seq-len", str(WINDOW), "--functions", "prefill,decode", "--output-dir", str(out), "--json"]) == 0
     return out
 
 

@@ -29,7 +29,7 @@ def sharktank(capsys, *args, check=True):
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     out = tmp_path_factory.mktemp("text") / "toy"
-    assert main(["export", "--model", "toy-llama", "--tp", "1", "--max-seq-len", "32", "--output-dir", str(out), "--json"]) == 0
+    assert main(["export", "--model", "toy-llama", "--tp", "1", "--max-seq-len", "32", "--functions", "prefill,decode", "--output-dir", str(out), "--json"]) == 0
     return out
 
 
