@@ -1,6 +1,6 @@
 """The paged KV cache against the contiguous one (not a test; the benchmark rows of issue 30).
 
-    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3]
+    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3] [--sections prefix,capacity,decode]
 
 Exports once into ``--work`` (default ``~/.cache/sharktank/bench_paged``; an export there is
 reused: delete it after changing sharktank): ``--model`` with batch sizes 1 and 8, a 2048-position cache and pages
@@ -179,16 +179,23 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "sharktank" / "bench_paged"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sections", default="prefix,capacity,decode", help="comma-separated sections to run (default prefix,capacity,decode)")
     args = ap.parse_args()
+    sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    if not sections or sections - {"prefix", "capacity", "decode"}:
+        ap.error(f"--sections takes some of prefix, capacity, decode; found {args.sections!r}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     # The contiguous kinds the sections run (whole prompts: prefill_row and prefill_rows; no chunks).
     kinds = ("--functions", "prefill,decode,prefill_row,prefill_rows")
-    real = export(work, "model-bs1-8-T2048-page16-rows", "--model", args.model, "--batch-sizes", "1,8", "--max-seq-len", "2048", "--page-size", "16", *kinds)
-    toy = export(work, "toy-bs8-64-T128-page8-rows", "--model", "toy-llama", "--batch-sizes", "8,64", "--page-size", "8", *kinds)
-    shared_prefix(real, args.rounds)
-    capacity(toy)
-    decode_step(real, args.rounds)
+    if sections & {"prefix", "decode"}:
+        real = export(work, "model-bs1-8-T2048-page16-rows", "--model", args.model, "--batch-sizes", "1,8", "--max-seq-len", "2048", "--page-size", "16", *kinds)
+    if "prefix" in sections:
+        shared_prefix(real, args.rounds)
+    if "capacity" in sections:
+        capacity(export(work, "toy-bs8-64-T128-page8-rows", "--model", "toy-llama", "--batch-sizes", "8,64", "--page-size", "8", *kinds))
+    if "decode" in sections:
+        decode_step(real, args.rounds)
     return 0
 
 
