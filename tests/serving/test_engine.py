@@ -155,10 +155,13 @@ def test_prefill_row_tp2_pp2(tmp_path):
     model = load_model("toy-llama", tp=2, pp=2)
     # The kinds this test runs (prefill_chunk's transfers at tp2 pp2: tests/cli/test_export_run.py).
     manifest = export_artifact(model, tmp_path / "art", source="toy-llama", batch_sizes=(2,), max_seq_len=16,
-                               functions=("prefill", "decode", "prefill_row", "prefill_rows"))
+                               functions=("prefill", "decode", "prefill_row", "prefill_rows"), page_size=4)
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
-    # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3.
-    assert manifest.transfers == {"prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3}
+    # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3;
+    # the paged functions: prefill_bs2's, and the page table from device 0 to 1, 2 and 3.
+    assert manifest.transfers == {
+        "prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3, "prefill_paged_bs1": 23 + 3, "decode_paged_bs2": 23 + 3,
+    }
     assert [a.name for a in manifest.find("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
     assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")
@@ -183,6 +186,17 @@ def test_prefill_row_tp2_pp2(tmp_path):
         model.prefill(prompt, c)
         want = model.decode(nxt[r : r + 1], c, torch.tensor([prompt.shape[1]]))
         assert (got[r : r + 1] - want).abs().max().item() <= 1e-4
+    # The paged functions at tp2 x pp2: each stage's pool on its own devices, split by KV head.
+    pool = compiled.new_pool(8)
+    tables = ([5, 1], [2])
+    for prompt, table in zip((first, second), tables):
+        out, pool = compiled.prefill_paged(prompt[0].tolist(), 0, prompt.shape[1], table, pool)
+        assert (out - model.prefill(prompt)[0]).abs().max().item() <= 1e-4
+    got, pool = compiled.decode_paged(nxt.tolist(), [5, 3], list(tables), pool)
+    for r, prompt in enumerate((first, second)):
+        c = model.new_cache(1, 16)
+        model.prefill(prompt, c)
+        assert (got[r] - model.decode(nxt[r : r + 1], c, torch.tensor([prompt.shape[1]]))[0]).abs().max().item() <= 1e-4
 
 
 # --- the engine ---------------------------------------------------------------------------
