@@ -1,7 +1,7 @@
 """The serving soak: `sharktank serve` over a small KV-cache pool under a random mixed load, over HTTP.
 
     python tools/soak_serve.py ARTIFACT_DIR [--requests 200] [--concurrency 8] [--kv-pages 24]
-        [--seed 0] [--json FILE]
+        [--max-tokens 8] [--max-prompt N] [--seed 0] [--json FILE]
 
 Starts ``sharktank serve ARTIFACT_DIR`` on 127.0.0.1 (an artifact exported with ``--page-size``)
 with a pool of ``--kv-pages`` pages (given to the server as ``--kv-cache-gib``), small enough
@@ -241,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     ap.add_argument("--kv-pages", dest="kv_pages", type=int, default=24, help="pages in the server's pool (default 24)")
     ap.add_argument("--max-tokens", dest="max_tokens", type=int, default=8, help="the most tokens a request asks for (default 8)")
+    ap.add_argument("--max-prompt", dest="max_prompt", type=int, help="the longest prompt in tokens (default half the cache length)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the load's prompts and modes (default 0)")
     ap.add_argument("--json", help="also write the report to this file")
     args = ap.parse_args(argv)
-    report = run(args.artifact, requests=args.requests, concurrency=args.concurrency, kv_pages=args.kv_pages, seed=args.seed, max_tokens=args.max_tokens)
+    report = run(args.artifact, requests=args.requests, concurrency=args.concurrency, kv_pages=args.kv_pages, seed=args.seed, max_tokens=args.max_tokens,
+                 max_prompt=args.max_prompt)
     rss = report["rss_kib"]
     print(f"{report['requests']} requests, {report['concurrency']} in flight, a pool of {report['kv_pages']:.0f} pages, {report['wall_s']:.1f} s")
     print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))

@@ -137,6 +137,7 @@ class Engine:
             self.chunk_tokens = chunk_tokens
             self._scheduler = PagedScheduler(
                 batch_size, max_queue=max_queue, chunk_tokens=chunk_tokens, pool=PagePool(self.kv_pages, paged.page_size), max_seq_len=self.max_seq_len,
+                decode_sizes=tuple(b for b in sizes if model.find("decode_paged", b)),
             )
         else:
             self.kv_pages = 0

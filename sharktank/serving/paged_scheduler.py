@@ -18,6 +18,10 @@ a row of its own.
 - **Chunks and decode** as in :class:`Scheduler`'s chunked mode; the plan carries each
   prefill's page table and each decode row's (a free slot's dummy token writes into the
   scratch page, device page 0, which no sequence owns).
+- **The decode batch** is the smallest of ``decode_sizes`` (the exported ``decode_paged``
+  batch sizes) that holds the decoding requests: a slot is only a page table, so the step
+  runs those rows alone (padded with free slots up to that size) rather than every slot; one
+  request decodes with ``decode_paged_bs1`` when it is exported.
 
 Device page ``i + 1`` is the pool's page ``i``: device page 0 is the scratch page.
 """
@@ -28,7 +32,7 @@ from dataclasses import replace
 
 from .events import EngineError
 from .pages import PagePool
-from .plan import PrefillCall, StepPlan
+from .plan import DecodeBatch, PrefillCall, StepPlan
 from .request import Request
 from .scheduler import Scheduler, _Running
 
@@ -41,9 +45,10 @@ class PagedScheduler(Scheduler):
     """:class:`Scheduler`'s chunked mode over ``pool``: ``batch_size`` decode slots, at most
     ``chunk_tokens`` prompt tokens prefilled a step."""
 
-    def __init__(self, batch_size: int, *, max_queue: int, chunk_tokens: int, pool: PagePool, max_seq_len: int):
+    def __init__(self, batch_size: int, *, max_queue: int, chunk_tokens: int, pool: PagePool, max_seq_len: int, decode_sizes: tuple[int, ...] = ()):
         super().__init__(batch_size, max_queue=max_queue, batched_prefill=False, chunk_tokens=chunk_tokens, max_seq_len=max_seq_len)
         self.pool = pool
+        self.decode_sizes = tuple(sorted({b for b in decode_sizes if b < batch_size} | {batch_size}))
 
     def pages_needed(self, request: Request) -> int:
         """The pages ``request`` reserves when admitted (its prompt and ``max_tokens``)."""
@@ -103,5 +108,23 @@ class PagedScheduler(Scheduler):
         prefills = tuple(PrefillCall(tuple(replace(p, pages=self.table(p.row)) for p in call.rows)) for call in plan.prefills)
         decode = plan.decode
         if decode is not None:
-            decode = replace(decode, tables=tuple(self.table(r) for r in range(self.batch_size)))
+            decode = self._smallest(replace(decode, tables=tuple(self.table(r) for r in range(self.batch_size))))
         return replace(plan, prefills=prefills, decode=decode)
+
+    def _smallest(self, decode: DecodeBatch) -> DecodeBatch:
+        """``decode`` (over every slot) as the smallest decode batch that holds its requests:
+        their slots first, then other slots as padding; ``requests`` then name indexes of
+        that batch."""
+        live = [r for _, r in decode.requests]
+        size = next(b for b in self.decode_sizes if b >= len(live))
+        if size == self.batch_size:
+            return decode
+        # Padding: free slots first, then slots still prefilling (whose dummy token, as in the
+        # whole batch, goes where their next real write lands before anything reads it).
+        rest = sorted((r for r in range(self.batch_size) if r not in set(live)), key=lambda r: self._rows[r] is not None)
+        order = live + rest[: size - len(live)]
+        at = {r: i for i, r in enumerate(order)}
+        return DecodeBatch(
+            tuple(decode.tokens[r] for r in order), tuple(decode.positions[r] for r in order),
+            tuple((request, at[r]) for request, r in decode.requests), tuple(decode.tables[r] for r in order),
+        )

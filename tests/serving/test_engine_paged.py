@@ -137,6 +137,22 @@ def test_paged_needs_the_functions(compiled, engines, tmp_path):
         engines(paged=True, chunk_tokens=None, start=False)
 
 
+def test_decode_runs_the_smallest_exported_batch_holding_the_decoding_requests(compiled, engines):
+    """Batch sizes 1 and 4 exported: one request decodes alone with decode_paged_bs1; three
+    at once with decode_paged_bs4 (padded) while two or more decode; answers as alone."""
+    rows = []  # the positions of each decode_paged call: one per row of the batch it ran
+    engine = engines(model=Hooked(compiled, "decode_paged", lambda n: None, record=rows), paged=True, batch_size=4)
+    assert run_alone(engine, PROMPTS[3], SamplingParams(max_tokens=5)).ids == greedy(compiled, PROMPTS[3], 5)
+    assert rows and {len(r) for r in rows} == {1}
+    rows.clear()
+    want = [greedy(compiled, PROMPTS[i], 6) for i in (0, 4, 5)]
+    got = [Collect() for _ in want]
+    for i, c in zip((0, 4, 5), got):
+        engine.submit(PROMPTS[i], SamplingParams(max_tokens=6), c)
+    assert [c.wait().ids for c in got] == want
+    assert 4 in {len(r) for r in rows} and {len(r) for r in rows} <= {1, 4}
+
+
 def test_an_artifact_of_prefill_decode_and_pages_serves_paged_only(tmp_path_factory):
     """Batch 2 with no prefill_row (export --functions prefill,decode --page-size 8): the
     engine batches over the pool; the contiguous cache it cannot admit rows into is refused."""
