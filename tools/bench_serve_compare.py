@@ -4,8 +4,8 @@
 
 Each round runs every side once (the order alternates between rounds), each side with its own
 checkout's ``tools/bench_serve.py`` server (``sharktank serve`` from that checkout). Prints, per
-side and client count, the median and min-max over rounds of tokens/s and TTFT p50/p99, then the
-issue-15 targets on the medians.
+side and client count, the median and min-max over rounds of tokens/s and TTFT p50/p99, then
+bench_serve's throughput target on the medians (the burst section is bench_serve's own).
 """
 
 from __future__ import annotations
