@@ -1,6 +1,6 @@
 """The paged KV cache against the contiguous one (not a test; the benchmark rows of issue 30).
 
-    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3] [--sections prefix,capacity,decode]
+    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3] [--sections prefix,capacity,decode,gaps]
 
 Exports once into ``--work`` (default ``~/.cache/sharktank/bench_paged``; an export there is
 reused: delete it after changing sharktank): ``--model`` with batch sizes 1 and 8, a 2048-position cache and pages
@@ -20,6 +20,10 @@ with the contiguous kinds ``prefill,decode,prefill_row,prefill_rows`` only). The
    contiguous ``decode_bs8`` against ``decode_paged_bs8`` (its attention reading each row's 63
    pages through the table), 20 steps a round, rounds interleaved (median and range of the
    per-round medians).
+4. **Gaps** (chunked prefill): 7 streams decoding in a batch-8 engine while a 1900-token prompt
+   is admitted: the longest inter-token gap of the streams during its prefill over their median
+   gap before it, with the contiguous cache prefilling the whole prompt in one call against the
+   paged cache with prefill chunks of 256 (serve's default) and 64 tokens.
 """
 
 from __future__ import annotations
@@ -113,6 +117,65 @@ def shared_prefix(art: Path, rounds: int) -> None:
     print(f"   p50 ratio {a / b:.1f}x; greedy answers equal: {same}")
 
 
+def gaps(art: Path, rounds: int, long_tokens: int = 1900, chunks: tuple = (None, 256, 64)) -> None:
+    """Section 4: 7 streams decoding while a ``long_tokens`` prompt is admitted: the longest
+    inter-token gap of the streams while it prefills (from its submit to its first token)
+    over their median gap, per prefill chunk budget (None: the contiguous cache, whole prompts)."""
+    from sharktank.runtime import CompiledModel
+    from sharktank.serving.engine import Engine
+    from sharktank.text.sampling import SamplingParams
+
+    model = CompiledModel(art, driver=DRIVER)
+    g = torch.Generator().manual_seed(1)
+    streams = [torch.randint(0, model.vocab_size, (16,), generator=g).tolist() for _ in range(7)]
+    long_prompt = torch.randint(0, model.vocab_size, (long_tokens,), generator=g).tolist()
+    results: dict = {c: [] for c in chunks}
+    for _ in range(rounds):
+        for chunk in chunks:
+            kw = dict(paged=False, chunk_tokens=None) if chunk is None else dict(paged=True, chunk_tokens=chunk)
+            engine = Engine(model, batch_size=8, **kw)
+            engine.start()
+            stamps = [[] for _ in streams]
+            done = [threading.Event() for _ in streams]
+            long_first, long_done = [None], threading.Event()
+            try:
+                for i, p in enumerate(streams):
+                    def on(e, i=i):
+                        if e.token is not None:
+                            stamps[i].append(time.perf_counter())
+                        if e.finish_reason is not None:
+                            done[i].set()
+                    engine.submit(p, SamplingParams(max_tokens=120), on)
+                deadline = time.monotonic() + WAIT_S
+                while min(len(s) for s in stamps) < 20 and time.monotonic() < deadline:  # all 7 decoding
+                    time.sleep(0.01)
+                t_submit = time.perf_counter()
+
+                def on_long(e):
+                    if long_first[0] is None and e.token is not None:
+                        long_first[0] = time.perf_counter()
+                    if e.finish_reason is not None:
+                        long_done.set()
+                engine.submit(long_prompt, SamplingParams(max_tokens=1), on_long)
+                for d in (*done, long_done):
+                    if not d.wait(WAIT_S):
+                        raise RuntimeError(f"a request did not finish within {WAIT_S} s")
+            finally:
+                engine.stop()
+            t_first = long_first[0]
+            before = [b - a for s in stamps for a, b in zip(s, s[1:]) if b < t_submit]
+            during = [b - a for s in stamps for a, b in zip(s, s[1:]) if b > t_submit and a < t_first]
+            results[chunk].append((max(during) if during else float("nan"), statistics.median(before), t_first - t_submit))
+    print(f"\n4. 7 streams decoding while a {long_tokens}-token prompt is admitted (batch 8, {rounds} rounds, median):")
+    for chunk in chunks:
+        rows = results[chunk]
+        worst, med, ttft = (statistics.median(r[k] for r in rows) for k in range(3))
+        name = "contiguous, whole prompt" if chunk is None else f"paged, chunks of {chunk}"
+        ratios = [r[0] / r[1] for r in rows]
+        print(f"   {name:26s} longest gap {worst * 1e3:7.0f} ms, median gap {med * 1e3:5.0f} ms: {statistics.median(ratios):5.1f}x "
+              f"(rounds {min(ratios):.1f}-{max(ratios):.1f}); the long prompt's first token after {ttft:.1f} s")
+
+
 def capacity(art: Path) -> None:
     from sharktank.runtime import CompiledModel
     from sharktank.serving.engine import Engine
@@ -179,16 +242,16 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "sharktank" / "bench_paged"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sections", default="prefix,capacity,decode", help="comma-separated sections to run (default prefix,capacity,decode)")
+    ap.add_argument("--sections", default="prefix,capacity,decode,gaps", help="comma-separated sections to run (default prefix,capacity,decode,gaps)")
     args = ap.parse_args()
     sections = {x.strip() for x in args.sections.split(",") if x.strip()}
-    if not sections or sections - {"prefix", "capacity", "decode"}:
-        ap.error(f"--sections takes some of prefix, capacity, decode; found {args.sections!r}")
+    if not sections or sections - {"prefix", "capacity", "decode", "gaps"}:
+        ap.error(f"--sections takes some of prefix, capacity, decode, gaps; found {args.sections!r}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     # The contiguous kinds the sections run (whole prompts: prefill_row and prefill_rows; no chunks).
     kinds = ("--functions", "prefill,decode,prefill_row,prefill_rows")
-    if sections & {"prefix", "decode"}:
+    if sections & {"prefix", "decode", "gaps"}:
         real = export(work, "model-bs1-8-T2048-page16-rows", "--model", args.model, "--batch-sizes", "1,8", "--max-seq-len", "2048", "--page-size", "16", *kinds)
     if "prefix" in sections:
         shared_prefix(real, args.rounds)
@@ -196,6 +259,8 @@ def main() -> int:
         capacity(export(work, "toy-bs8-64-T128-page8-rows", "--model", "toy-llama", "--batch-sizes", "8,64", "--page-size", "8", *kinds))
     if "decode" in sections:
         decode_step(real, args.rounds)
+    if "gaps" in sections:
+        gaps(real, args.rounds)
     return 0
 
 
