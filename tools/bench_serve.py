@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, bursts = [], None
     with served(args.artifact, *args.serve_options) as url:
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        asyncio.run(level(url, model, 1, 1, args.max_tokens))  # warm-up
+        for c in counts or [1]:  # warm-up: every client count once (each decode batch function runs before timing)
+            asyncio.run(level(url, model, c, c, args.max_tokens))
         rows = [asyncio.run(level(url, model, c, max(args.requests, c), args.max_tokens)) for c in counts]
         if args.burst:
             bursts = burst(url, model, args.artifact, args.burst, args.prompt_tokens, args.rounds)

@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, bench, artifact in sides if r % 2 == 0 else sides[::-1]:
             with bench.served(artifact) as url:
                 model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
-                asyncio.run(bench.level(url, model, 1, 1, args.max_tokens))  # warm-up
+                # Warm-up: every client count once, so each decode batch function has run before timing.
+                for c in counts:
+                    asyncio.run(bench.level(url, model, c, c, args.max_tokens))
                 rows = [asyncio.run(bench.level(url, model, c, max(args.requests, c), args.max_tokens)) for c in counts]
             results[name].append(rows)
             print(f"round {r + 1} {name}\n{bench.table(rows)}", flush=True)
