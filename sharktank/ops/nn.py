@@ -246,12 +246,21 @@ def _sdpa_sharded(q, k, v, a=None, *, is_causal=False, scale=None, enable_gqa=Fa
     return shardwise("scaled_dot_product_attention", fn, operands)
 
 
+def _mask_shards(a, q, head_dim: int, n: int) -> list:
+    """Each of ``n`` shards' mask: ``a`` replicated or plain (or None); a mask per query head
+    (dim -3 as long as q's heads, dim ``head_dim`` of the split ``q``) cut as q's heads are."""
+    masks = list(a.shards) if isinstance(a, ReplicatedTensor) else [a] * n
+    if a is not None and a.ndim >= 3 and a.shape[-3] == q.shape[head_dim] != 1:  # a mask per q head
+        masks = [m.narrow(-3, o, size) for m, o, size in zip(masks, offsets(q.shard_sizes), q.shard_sizes)]
+    return masks
+
+
 def _sdpa_gqa(q, k, v, a, *, is_causal, scale):
     # Heads differ between q and k/v, so the elementwise alignment does not apply: every
     # sharded operand must be split on the head dim (-3) into the same number of groups.
     op = "scaled_dot_product_attention"
     ts = [t for t in (q, k, v, a) if isinstance(t, ShardedTensor)]
-    n, devices = ts[0].shard_count, ts[0].devices
+    n = ts[0].shard_count
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not (isinstance(t, SplitPrimitiveTensor) and t.shard_dim == t.ndim - 3):
             raise ShardingError(f"ops.{op} with GQA needs q, k and v split on the head dim (-3); {name} is {t!r}")
@@ -263,9 +272,7 @@ def _sdpa_gqa(q, k, v, a, *, is_causal, scale):
         )
     if isinstance(a, SplitPrimitiveTensor) or isinstance(a, UnreducedTensor):
         raise ShardingError(f"ops.{op} with GQA takes a replicated or plain mask")
-    masks = a.shards if isinstance(a, ReplicatedTensor) else (a,) * n
-    if a is not None and a.ndim >= 3 and a.shape[-3] == q.shape[-3] != 1:  # a mask per q head
-        masks = [m.narrow(-3, o, size) for m, o, size in zip(masks, offsets(q.shard_sizes), q.shard_sizes)]
+    masks = _mask_shards(a, q, q.ndim - 3, n)
     out = [_sdpa(q_, k_, v_, m, is_causal, scale, True) for q_, k_, v_, m in zip(q.shards, k.shards, v.shards, masks)]
     return like(q, out)
 
@@ -353,9 +360,7 @@ def _paged_sharded(q, k_pool, v_pool, pages, mask, *, scale=None, enable_gqa=Fal
     def shards(t):
         return t.shards if isinstance(t, ShardedTensor) else (t,) * n
 
-    masks = shards(mask)
-    if split[0] and mask is not None and mask.ndim >= 3 and mask.shape[-3] == q.shape[1] != 1:  # a mask per q head
-        masks = [m.narrow(-3, o, size) for m, o, size in zip(masks, offsets(q.shard_sizes), q.shard_sizes)]
+    masks = _mask_shards(mask, q, 1, n) if split[0] else shards(mask)
     out = [_paged(*row, scale, enable_gqa) for row in zip(shards(q), shards(k_pool), shards(v_pool), shards(pages), masks)]
     return like(q if isinstance(q, ShardedTensor) else ref, out)
 
