@@ -34,6 +34,23 @@ def _k_blocks(name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(raw)
 
 
+# Where each layout's blocks hold float16 numbers: d (and dmin, or m), as byte offsets.
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def signed_blocks(layout: str, n: int, k: int, seed: int, scale: float) -> QuantizedTensor:
+    """A weight ``[n, k]`` of random valid blocks: any bytes, except the float16 numbers,
+    kept finite and about ``scale``: positive, negative and (one in ten) zero, as real files
+    have them."""
+    lay, rng = LAYOUTS[layout], np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // lay.block_size, lay.block_bytes), dtype=np.uint8)
+    for at in SCALE_OFFSETS[layout]:
+        sign = rng.choice([-1.0, 0.0, 1.0], size=raw.shape[:2], p=[0.45, 0.1, 0.45])
+        d = (sign * rng.uniform(0.5, 1.0, raw.shape[:2])).astype(np.float16) * np.float16(scale)
+        raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return QuantizedTensor(lay, (n, k), torch.from_numpy(raw))
+
+
 def quantized_theta(kind: str, config: LlamaConfig = CONFIG) -> Theta:
     theta = dict(random_theta(config, seed=5))
     for i, (name, t) in enumerate(theta.items()):

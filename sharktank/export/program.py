@@ -42,10 +42,11 @@ class _Wrap(torch.nn.Module):
         return self.fn(*args)
 
 
-def export_function(fn: Callable, args: tuple, *, function_name: str = "main", default_device: int = 0) -> Any:
+def export_function(fn: Callable, args: tuple, *, function_name: str = "main", default_device: int = 0, dynamic_shapes=None) -> Any:
     """Export ``fn(*args)`` with iree-turbine; returns turbine's ``ExportOutput``.
 
-    Sharded results are returned as their shards (one result per shard).
+    Sharded results are returned as their shards (one result per shard). ``dynamic_shapes``:
+    as ``torch.export.export`` takes it (one entry per argument, in order).
     """
     from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity
@@ -57,6 +58,8 @@ def export_function(fn: Callable, args: tuple, *, function_name: str = "main", d
         args=tuple(args),
         function_name=function_name,
         arg_device={i: DeviceAffinity(d) for i, d in enumerate(devices)},
+        # A wrapped function's forward takes *args: torch.export matches them as one tuple.
+        dynamic_shapes=(tuple(dynamic_shapes),) if dynamic_shapes is not None and isinstance(module, _Wrap) else dynamic_shapes,
     )
 
 

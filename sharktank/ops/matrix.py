@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
+from ..types import QuantizedTensor, ShardedTensor, SplitPrimitiveTensor, UnreducedTensor
 from ._build import ShardingError, cut_like_split, offsets, replicated_of, split_of, unreduced_of
 from ._context import setting
 from ._dispatch import sharded_op
@@ -154,15 +154,13 @@ def _dense(w, like: torch.Tensor) -> torch.Tensor:
 # exported batches) are written on the blocks (QuantizedTensor.product), which IREE fuses
 # into one pass over them: an 8192x2048 Q8_0 matvec took 1.9-3.3 ms against 49 ms when the
 # weight is dequantized first (then packed for the CPU's matmul kernels on every call). More
-# rows (a prompt) amortise the dequantization over the rows and take the dense product.
+# rows (a prompt) amortise the dequantization over the rows and take the dense product,
+# where no block kernel takes them.
 _BLOCK_PRODUCT_ROWS = 8
 
 
-def _block_product(x: torch.Tensor, w) -> bool:
-    """Whether ``x @ w.T`` is written on ``w``'s blocks: a traced product of a quantized
-    weight with a static number of rows of ``x`` up to ``_BLOCK_PRODUCT_ROWS``."""
-    if not isinstance(w, QuantizedTensor) or w.ndim != 2 or not _tracing_tensor(x):
-        return False
+def _few_rows(x: torch.Tensor) -> bool:
+    """Whether ``x`` has a static number of rows up to ``_BLOCK_PRODUCT_ROWS``."""
     rows = 1
     for d in x.shape[:-1]:
         if not isinstance(d, int):
@@ -176,27 +174,35 @@ _BLOCK_KERNEL: contextvars.ContextVar[BlockKernel | None] = contextvars.ContextV
 
 
 def block_kernels(kernel: BlockKernel | None) -> contextlib.AbstractContextManager[None]:
-    """While active, a traced block product (``x @ w.T`` for a quantized 2-D ``w`` and a
-    static number of rows of ``x`` up to ``_BLOCK_PRODUCT_ROWS``) is ``kernel(x, w)``, or
-    :meth:`QuantizedTensor.product` where it returns None (a layout it has no kernel for).
+    """While active, a traced product ``x @ w.T`` with a quantized 2-D ``w`` is ``kernel(x,
+    w)`` (any number of rows, symbolic included: a decode step or a prompt); where it returns
+    None, :meth:`QuantizedTensor.product` for a static number of rows up to
+    ``_BLOCK_PRODUCT_ROWS``, else the dense product of the dequantized weight.
 
-    Export passes :func:`sharktank.export.kernels.block_product` for the CPU target: its
-    hand-written dispatches read the blocks at about the machine's read bandwidth where
-    IREE's code for the torch form is compute-bound. ``None`` turns kernels off."""
+    Export passes :class:`sharktank.export.kernels.BlockProducts` for the CPU target: its
+    hand-written dispatches read the blocks at about the machine's read bandwidth in a decode
+    step, where IREE's code for the torch form is compute-bound, and reuse each dequantized
+    tile across a prompt's rows. ``None`` turns kernels off."""
     return setting(_BLOCK_KERNEL, kernel)
 
 
-def _blocks_times(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor:
-    """``x @ w.T`` on ``w``'s blocks: the active block kernel's, else the torch form."""
+def _quantized_product(x: torch.Tensor, w) -> torch.Tensor | None:
+    """``x @ w.T`` on ``w``'s blocks where it is traced and quantized: the active block
+    kernel's, else the torch form for few rows; None: the dense product."""
+    if not isinstance(w, QuantizedTensor) or w.ndim != 2 or not _tracing_tensor(x):
+        return None
     kernel = _BLOCK_KERNEL.get()
     y = kernel(x, w) if kernel is not None else None
-    return w.product(x) if y is None else y
+    if y is None and _few_rows(x):
+        y = w.product(x)
+    return y
 
 
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
-    if transpose_rhs and _block_product(lhs, rhs):
-        return _blocks_times(lhs, rhs)
+    y = _quantized_product(lhs, rhs) if transpose_rhs else None
+    if y is not None:
+        return y
     rhs = _dense(rhs, lhs)
     # transpose(-2, -1), not .mT: torch-mlir has no lowering of aten.mT (a traced 3-D rhs kept it).
     return torch.matmul(lhs, rhs.transpose(-2, -1) if transpose_rhs else rhs)
@@ -235,8 +241,8 @@ def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
     accumulator, as torch's CPU kernels compute it eagerly, while a batched product would
     accumulate in the half type. The weight stays in its dtype (no float32 copy of it); a
     quantized weight is dequantized to ``x``'s dtype right before the product."""
-    if _block_product(x, w):
-        y = _blocks_times(x, w)
+    y = _quantized_product(x, w)
+    if y is not None:
         return y if b is None else y + b
     w = _dense(w, x)
     if x.dtype in _HALF and x.ndim != 2 and _tracing_tensor(x):

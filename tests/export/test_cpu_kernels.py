@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from quantized_models import SCALE_OFFSETS, signed_blocks
 
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
@@ -37,23 +38,8 @@ INT16_X = [layout for layout in ALL_LAYOUTS if KERNELS[layout].int16_x]
 KERNEL_LAYOUTS = [layout for layout in ALL_LAYOUTS if INTEGER_DOT or layout not in INT16_X]
 ROWS = (1, 3, 8)
 CASES = [(layout, m, dtype) for layout in KERNEL_LAYOUTS for m in ROWS for dtype in (torch.float32, torch.bfloat16)]
-# Where each block holds float16 numbers: d (and dmin, or m).
-_SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
-
-def _weight(layout: str, seed: int) -> QuantizedTensor:
-    """Random valid blocks: any bytes, except the float16 numbers, kept finite: positive,
-    negative and (one in ten) zero, as real files have them."""
-    lay, rng = LAYOUTS[layout], np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(N, K // lay.block_size, lay.block_bytes), dtype=np.uint8)
-    for at in _SCALES[layout]:
-        sign = rng.choice([-1.0, 0.0, 1.0], size=raw.shape[:2], p=[0.45, 0.1, 0.45])
-        d = (sign * rng.uniform(0.5, 1.0, raw.shape[:2])).astype(np.float16) * np.float16(1e-3)
-        raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return QuantizedTensor(lay, (N, K), torch.from_numpy(raw))
-
-
-WEIGHTS = {layout: _weight(layout, i) for i, layout in enumerate(ALL_LAYOUTS)}
+WEIGHTS = {layout: signed_blocks(layout, N, K, i, 1e-3) for i, layout in enumerate(ALL_LAYOUTS)}
 XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in ROWS}
 
 
@@ -118,7 +104,7 @@ def compiled():
 
 def test_weights_have_negative_and_zero_scales():
     for layout, w in WEIGHTS.items():
-        d = w.blocks[..., _SCALES[layout][0] : _SCALES[layout][0] + 2].contiguous().view(torch.float16)
+        d = w.blocks[..., SCALE_OFFSETS[layout][0] : SCALE_OFFSETS[layout][0] + 2].contiguous().view(torch.float16)
         assert bool((d < 0).any() and (d == 0).any() and (d > 0).any()), layout
 
 

@@ -21,7 +21,7 @@ import torch
 from ...types import QuantizedTensor
 from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "BlockProducts", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT"]
+__all__ = ["block_product", "prefill_product", "BlockProducts", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
 
 _ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names (attention's)
     "decode_attention": "@sharktank_decode_attention_",
@@ -41,6 +41,8 @@ def _host_has(flag: str) -> bool:
 # int16-x kernels' integer dot products (vpdpbusd) need AVX512-VNNI, without which those
 # layouts keep the torch form.
 INTEGER_DOT = _host_has("avx512_vnni")
+# The prefill dispatches' bfloat16 dot products (vdpbf16ps) need AVX512-BF16.
+BF16_DOT = _host_has("avx512_bf16")
 
 
 def kernels_for(target: str, target_arch: str | None) -> bool:
@@ -85,6 +87,29 @@ def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = No
         # x). The conversion is elementwise on x, which IREE fuses into its producer.
         y = PRODUCTS[w.layout.name](x2.float(), w.blocks.view(torch.int8), out)
     return y.reshape(*x.shape[:-1], n)
+
+
+def prefill_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
+    """``x @ w.T`` for a prompt's rows (``x`` ``[..., K]``, any number of rows, symbolic
+    included) as one call of the layout's prefill dispatch (:mod:`.prefill`: tiles of the
+    weight dequantized to bfloat16 and reused by every row, ``vdpbf16ps``), or None where it
+    does not apply: no such dispatch for the layout, a shape :func:`.prefill.refusal` refuses,
+    x not float32/bfloat16/float16, or a host CPU without AVX512-BF16 (:data:`BF16_DOT`).
+    x is rounded to bfloat16 (the module's numerics note)."""
+    from . import prefill
+    from .custom_op import PREFILLS
+
+    kernel = KERNELS.get(w.layout.name)
+    # bfloat16 x only, for now: its numerics are then those of the dense bfloat16 product it
+    # replaces. float32 and float16 models keep the exact dense product (the kernel would round
+    # x to bfloat16: 2e-3 of a product's largest value; SmolLM2's logits moved by 0.33).
+    if kernel is None or w.layout.name not in PREFILLS or x.dtype != torch.bfloat16 or not BF16_DOT:
+        return None
+    n, k = w.shape
+    if prefill.refusal(kernel, n, k) is not None:
+        return None
+    y = PREFILLS[w.layout.name](x.reshape(-1, k).to(torch.bfloat16), w.blocks.view(torch.int8))
+    return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
@@ -148,21 +173,41 @@ def paged_decode_attention(
     return sharktank_paged_decode_attention(q.reshape(b, h, e), k_pool, v_pool, pages, live, float(scale)).reshape(b, h, 1, e)
 
 
+# Rows of x up to which a traced product takes the decode kernels (block_product): the
+# exported decode batches. More rows, or a symbolic number (a prompt), take prefill_product.
+DECODE_ROWS = 8
+
+
+def _static_rows(x: torch.Tensor) -> int | None:
+    rows = 1
+    for d in x.shape[:-1]:
+        if not isinstance(d, int):
+            return None
+        rows *= d
+    return rows
+
+
 class BlockProducts:
-    """:func:`block_product` for one traced program (the kernel ``ops.block_kernels`` takes):
-    the products of one x with weights of one int16-x layout (q, k; gate, up) share one
-    rounding of x. One per trace: it holds each x it has rounded."""
+    """The kernel ``ops.block_kernels`` takes, for one traced program: :func:`block_product`
+    for a static number of rows up to :data:`DECODE_ROWS`, :func:`prefill_product` for more
+    or a symbolic number. The decode products of one x with weights of one int16-x layout (q,
+    k; gate, up) share one rounding of x. One per trace: it holds each x it has rounded."""
 
     def __init__(self):
         self._rounded: dict = {}
 
     def __call__(self, x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
-        return block_product(x, w, self._rounded)
+        rows = _static_rows(x)
+        if rows is not None and rows <= DECODE_ROWS:
+            return block_product(x, w, self._rounded)
+        return prefill_product(x, w)
 
 
 def kernels_in(mlir: str) -> list[str]:
     """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
-    the registered layouts of its products (lower case, e.g. ``q8_0``), ``decode_attention``
-    and ``paged_decode_attention``."""
-    found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir]
+    the registered layouts of its products, decode's or a prompt's (lower case, e.g.
+    ``q8_0``), ``decode_attention`` and ``paged_decode_attention``."""
+    from . import prefill
+
+    found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir or f"@{prefill.function_prefix(kernel)}" in mlir]
     return sorted(found + [name for name, prefix in _ATTENTION_PREFIXES.items() if prefix in mlir])

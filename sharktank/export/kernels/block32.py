@@ -26,7 +26,7 @@ from .block_kernel import BlockKernel, Int16X
 from .product_dispatch import Block
 from .mlir import Value, vector
 
-__all__ = ["X_ORDER", "fifth_bits", "fifth_bit_pair", "nibble_pair", "pair_product", "signed_byte", "legacy_kernel"]
+__all__ = ["X_ORDER", "fifth_bits", "fifth_bit_pair", "nibble_pair", "pair_product", "signed_byte", "block_values", "legacy_kernel"]
 
 _V32 = vector(32, "i8")
 # x's 16-value pieces in each plane of 64 (two blocks), as the kernels read them: the blocks'
@@ -89,6 +89,24 @@ def pair_scales(blk: Block, count: int) -> list[Value]:
     return [e.shuffle(first, second, [j, count + j], "dm") for j in range(count)]
 
 
-def legacy_kernel(layout: str, body) -> BlockKernel:
-    """The :class:`.BlockKernel` of a legacy layout's ``body`` (int16 x, two blocks a step)."""
-    return BlockKernel(layout, body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 2), int16=Int16X(X_ORDER, unit=16), blocks_per_step=2)
+def block_values(blk: Block, qs_at: int, qh_at: int | None = None, zero: int | None = None) -> list[tuple[int, Value]]:
+    """One block's 32 values in order (:attr:`.BlockKernel.values`): ``d * q + m`` with ``q``
+    the 4-bit values at ``qs_at`` (low nibbles: values 0-15), their fifth bits at ``qh_at``
+    (Q5_x), and ``m`` the float16 after ``d`` or, with ``zero``, ``-zero * d`` (Q4_0, Q5_0)."""
+    e, v32 = blk.e, vector(32, "f32")
+    packed = blk.byte(qs_at, 16)
+    low = e.binary("arith.andi", packed, e.const(15, vector(16, "i8")), "lo")
+    high = e.binary("arith.shrui", packed, e.const(4, vector(16, "i8")), "hi")
+    q = e.shuffle(low, high, range(32), "q")
+    if qh_at is not None:
+        q = e.binary("arith.ori", q, fifth_bits(blk, qh_at), "q")
+    d, *rest = blk.halves(0, 1 if zero is not None else 2)
+    m = e.binary("arith.mulf", d, e.const(float(-zero), "f32"), "m") if zero is not None else rest[0]
+    qf = e.cast("arith.uitofp", q, v32, "qf")
+    return [(0, e.fma(qf, e.broadcast(d, v32, "d"), e.broadcast(m, v32, "m"), "wv"))]
+
+
+def legacy_kernel(layout: str, body, values=None) -> BlockKernel:
+    """The :class:`.BlockKernel` of a legacy layout's ``body`` (int16 x, two blocks a step) and
+    ``values`` (its prefill's: :func:`block_values`)."""
+    return BlockKernel(layout, body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 2), int16=Int16X(X_ORDER, unit=16), blocks_per_step=2, values=values)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from ...types.quantized import LAYOUTS, BlockLayout
 
 if TYPE_CHECKING:
+    from .mlir import Value
     from .product_dispatch import Block
 
 __all__ = ["BlockKernel", "GROUP", "Int16X", "RESULT_TYPES", "STACK_BYTES", "X_CHUNK_BYTES", "result_type"]
@@ -67,6 +68,9 @@ class BlockKernel:
     # Blocks one call of ``body`` takes (the loop steps by this many; K must hold a multiple):
     # 2 lets a 32-value layout fill 64-byte vectors.
     blocks_per_step: int = 1
+    # ``values(block)``: one block's values as float32 vectors, ``[(first value, vector), ...]``
+    # covering the block in order, for the prefill dispatch (:mod:`.prefill`); None: no prefill kernel.
+    values: Callable[["Block"], list[tuple[int, "Value"]]] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.layout_name not in LAYOUTS:

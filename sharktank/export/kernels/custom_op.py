@@ -15,11 +15,11 @@ from iree.turbine.runtime.op_reg import CustomOp, KernelBuilder, KernelSelection
 from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 
 from ...types.quantized import QuantizedTensor
-from . import attention, int16_x, product_dispatch
+from . import attention, int16_x, prefill, product_dispatch
 from .block_kernel import GROUP, BlockKernel
 from .registry import KERNELS
 
-__all__ = ["DTYPES", "ELEMENT_TYPES", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
+__all__ = ["DTYPES", "ELEMENT_TYPES", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
@@ -105,6 +105,37 @@ class _Int16BlockProduct(_BlockProduct):
         return self._product(int16_x.dequantized(x, scales, self.kernel.int16.order, self.kernel.int16.unit), blocks).to(DTYPES[y])
 
 
+class _PrefillProduct(CustomOp):
+    """A prompt's product for ``kernel``'s layout (:mod:`.prefill`): bfloat16 ``x`` [M, K]
+    times the dequantized blocks [N, K/block_size, block_bytes] (int8), as float32 [M, N]; M
+    stays dynamic. Eagerly: the weight's values rounded to bfloat16 as the tile holds them."""
+
+    kernel: BlockKernel
+
+    def select(self, ksel: KernelSelection):
+        x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
+        kern = self.kernel
+        torch._check(
+            x.t.ndim == 2 and x.t.dtype == torch.bfloat16 and blocks.t.ndim == 3 and blocks.t.shape[-1] == kern.block_bytes
+            and x.t.shape[1] == blocks.t.shape[1] * kern.block_size,
+            lambda: f"{kern.layout_name} prefill kernel: expected bfloat16 x [M, K] and blocks [N, K/{kern.block_size}, {kern.block_bytes}], "
+            f"found {list(x.t.shape)} ({x.t.dtype}) and {list(blocks.t.shape)}",
+        )
+        x.specialize_dims(1)  # the rows stay dynamic
+        blocks.specialize_all_dims()
+        ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], torch.float32).specialize_dims(1)
+
+    def eager_execute(self, x, blocks):
+        n, nb, _ = blocks.shape
+        w = QuantizedTensor(self.kernel.layout, (n, nb * self.kernel.block_size), blocks.view(torch.uint8)).dequantize(torch.float32)
+        return x.float() @ w.to(torch.bfloat16).float().T
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[1].t
+        n, k = blocks.shape[0], x.shape[1]
+        _call(kb, prefill.function_name(self.kernel, n, k), prefill.module_asm, kernel=self.kernel, n=n, k=k)
+
+
 class _Int16X(CustomOp):
     """``int16_x.quantize(x, order, sum_group, unit)`` for ``kernel``: ``(planes, scales, sums)`` of
     float ``x`` [M, K], as one dispatch (:func:`.int16_x.module_asm`)."""
@@ -147,6 +178,11 @@ def _product_op(kernel: BlockKernel):
 # whose kernel takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
 # ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {layout: _product_op(kernel) for layout, kernel in KERNELS.items()}
+PREFILLS = {  # the prompt products: op(x in bfloat16, blocks.view(torch.int8)), for layouts that say their values
+    layout: _register(_PrefillProduct, f"sharktank_{kernel.name}_prefill", "Tensor x, Tensor blocks", "(Tensor)", kernel)
+    for layout, kernel in KERNELS.items()
+    if kernel.values is not None
+}
 ROUNDINGS = {  # x as its int16 kernel takes it
     layout: _register(_Int16X, f"sharktank_{kernel.name}_x16", "Tensor x", "(Tensor, Tensor, Tensor)", kernel)
     for layout, kernel in KERNELS.items()

@@ -9,8 +9,9 @@ one buffer, and a plain identity memref would read from the buffer's start (a se
 An input may have a dynamic leading dim (``None`` in its shape: a page pool of any number of
 pages). The ``util.func`` reads it with ``tensor.dim`` and passes it to ``flow.dispatch``
 after the tensors (which carry it as their ``{%d}`` shape); the dispatch function receives
-it as an ``index`` after the bindings and sizes the binding's memref with it. The other dims
-and the workgroup count stay static.
+it as an ``index`` after the bindings and sizes the binding's memref with it. A result may
+have a dynamic leading dim too where exactly one input has one: the same size (a prompt's
+rows in, its rows out). The other dims and the workgroup count stay static.
 """
 
 from __future__ import annotations
@@ -83,14 +84,26 @@ def _size(sizes: dict[int, Value], i: int) -> str:
     return f"{{{sizes[i]}}}" if i in sizes else ""
 
 
+def _source(inputs: Sequence[Operand], i: int, op: Operand) -> int:
+    """The input whose dynamic size operand ``i`` (of the inputs, then the results) ``op`` has:
+    its own, or for a dynamic result the one dynamic input's (checked by :func:`executable`);
+    -1 for a static one."""
+    if not op.dynamic:
+        return -1
+    if i < len(inputs):
+        return i
+    return next(j for j, other in enumerate(inputs) if other.dynamic)
+
+
 def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: Sequence[Operand], body: Body) -> str:
     """A module holding ``util.func @name(inputs) -> outputs`` and the dispatch it calls:
     ``workgroups`` workgroups, each running ``body(emitter, workgroup_id, memrefs)`` with the
     memrefs of ``inputs`` then ``outputs``, in order (a dynamic leading dim: ``memref.dim``
     of its memref, :meth:`.Emitter.dim`)."""
-    if any(op.dynamic for op in outputs):
-        raise ValueError(f"{name}: a result's dims must be static, found {[op.tensor for op in outputs]}")
     dynamic = [i for i, op in enumerate(inputs) if op.dynamic]
+    if any(op.dynamic for op in outputs) and len(dynamic) != 1:
+        raise ValueError(f"{name}: a result's leading dim may be dynamic only where one input's is, found inputs "
+                         f"{[op.tensor for op in inputs]} and results {[op.tensor for op in outputs]}")
     e = Emitter()
     e.line("module {")
     e.line(f"stream.executable private @{name}_exe {{")
@@ -108,7 +121,7 @@ def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: S
             e.line(f"func.func @{name}({', '.join(params)}) {{")
             with e.region():
                 zero = e.const(0)
-                views = [e.assign(op.hint, f"stream.binding.subspan {b}[{zero}] : !stream.binding -> {op.memref}{_size(sizes, i)}", op.memref)
+                views = [e.assign(op.hint, f"stream.binding.subspan {b}[{zero}] : !stream.binding -> {op.memref}{_size(sizes, _source(inputs, i, op))}", op.memref)
                          for i, (b, op) in enumerate(zip(bindings, (*inputs, *outputs)))]
                 wg = e.assign("wg", "stream.dispatch.workgroup.id[0] : index", "index")
                 body(e, wg, views)
@@ -124,7 +137,8 @@ def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: S
         outs = [e.fresh(op.hint) for op in outputs]
         operands = ", ".join(map(str, (*args, *sizes.values())))
         in_types = ", ".join([f"{a.type}{_size(sizes, i)}" for i, a in enumerate(args)] + ["index"] * len(sizes))
-        e.line(f"{', '.join(outs)} = flow.dispatch @{name}_exe::@{name}({operands}) : ({in_types}) -> ({results})")
+        out_types = ", ".join(f"{op.tensor}{_size(sizes, _source(inputs, len(inputs) + j, op))}" for j, op in enumerate(outputs))
+        e.line(f"{', '.join(outs)} = flow.dispatch @{name}_exe::@{name}({operands}) : ({in_types}) -> ({out_types})")
         e.line(f"util.return {', '.join(outs)} : {results}")
     e.line("}")
     e.line("}")

@@ -180,6 +180,10 @@ class Emitter:
         """``vpdpbusd``: see :func:`.syntax.int8_dot`."""
         return self.assign(hint, syntax.int8_dot(acc.name, unsigned.name, signed.name), "vector<16xi32>")
 
+    def bf16_dot(self, acc: Value, a: Value, b: Value, hint: str = "dot") -> Value:
+        """``vdpbf16ps``: see :func:`.syntax.bf16_dot`."""
+        return self.assign(hint, syntax.bf16_dot(acc.name, a.name, b.name), "vector<16xf32>")
+
     # -- memory ---------------------------------------------------------------------
     def load(self, mem: Value, indices: Sequence[Value], type_: str, hint: str = "ld") -> Value:
         """``vector.load`` of ``type_`` at ``indices``."""

@@ -4,7 +4,7 @@ two blocks a step with int16 x (:mod:`.block32`)."""
 
 from __future__ import annotations
 
-from .block32 import legacy_kernel, nibble_pair, pair_product, pair_scales
+from .block32 import block_values, legacy_kernel, nibble_pair, pair_product, pair_scales
 from .mlir import vector
 from .product_dispatch import Block
 
@@ -17,4 +17,4 @@ def _body(blk: Block) -> None:
     pair_product(blk, nibble_pair(blk, 2), d, e.binary("arith.mulf", d, e.const(-8.0, vector(2, "f32")), "m"))
 
 
-KERNEL = legacy_kernel("Q4_0", _body)
+KERNEL = legacy_kernel("Q4_0", _body, lambda blk: block_values(blk, 2, zero=8))

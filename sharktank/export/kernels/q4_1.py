@@ -4,7 +4,7 @@ q + m``, two blocks a step with int16 x (:mod:`.block32`)."""
 
 from __future__ import annotations
 
-from .block32 import legacy_kernel, nibble_pair, pair_product, pair_scales
+from .block32 import block_values, legacy_kernel, nibble_pair, pair_product, pair_scales
 from .product_dispatch import Block
 
 __all__ = ["KERNEL"]
@@ -15,4 +15,4 @@ def _body(blk: Block) -> None:
     pair_product(blk, nibble_pair(blk, 4), d, m)
 
 
-KERNEL = legacy_kernel("Q4_1", _body)
+KERNEL = legacy_kernel("Q4_1", _body, lambda blk: block_values(blk, 4))

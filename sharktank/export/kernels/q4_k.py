@@ -27,7 +27,7 @@ from .block_kernel import BlockKernel, Int16X
 from .product_dispatch import Block
 from .mlir import Value, vector
 
-__all__ = ["KERNEL", "X_ORDER", "nibble_products", "scales_and_mins", "x_scales"]
+__all__ = ["KERNEL", "X_ORDER", "nibble_products", "scales_and_mins", "scaled_values", "values", "x_scales"]
 
 X_ORDER = (0, 2, 1, 3, 4, 6, 5, 7)  # x's groups in each super-block, as the kernel reads them
 AHEAD = 12  # super-blocks the prefetches run ahead (1.7 KB)
@@ -91,4 +91,33 @@ def _body(blk: Block) -> None:
         nibble_products(blk, run, low, high, scaled)
 
 
-KERNEL = BlockKernel("Q4_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 8), int16=Int16X(X_ORDER))
+def scaled_values(blk: Block, s: Value, o: Value, q: Value, sub: int) -> Value:
+    """(vector<32xf32>) sub-block ``sub``'s values ``s_j * q + o_j`` (``q`` vector<32xi8>
+    unsigned; ``s``, ``o``: :func:`scales_and_mins`)."""
+    e, v32 = blk.e, vector(32, "f32")
+    scale, offset = (e.broadcast(e.extract(v, sub, "sj"), v32, "sj") for v in (s, o))
+    return e.fma(e.cast("arith.uitofp", q, v32, "qf"), scale, offset, "wv")
+
+
+def values(blk: Block, qh_at: int | None = None) -> list[tuple[int, Value]]:
+    """A super-block's 256 values in order (Q4_K; Q5_K with its fifth bits at ``qh_at``):
+    bytes ``32 j .. 32 j + 31`` of the packed values hold sub-block ``2 j`` in their low
+    nibbles and ``2 j + 1`` in their high ones."""
+    e, v32 = blk.e, vector(32, "i8")
+    s, o = scales_and_mins(blk)
+    qh = None if qh_at is None else blk.byte(qh_at, 32, "qh")
+    qs_at = 16 if qh_at is None else 48
+    out = []
+    for j in range(4):
+        q = blk.byte(qs_at + 32 * j, 32)
+        for half, nibble in enumerate((e.binary("arith.andi", q, e.const(15, v32), "lo"), e.binary("arith.shrui", q, e.const(4, v32), "hi"))):
+            sub = 2 * j + half
+            if qh is not None:  # value l's fifth bit: bit ``sub`` of qh[l]
+                bit = e.binary("arith.andi", qh, e.const(1 << sub if sub < 7 else -128, v32), "qb")
+                is_set = e.cmp("arith.cmpi", "ne", bit, e.const(0, v32), "set")
+                nibble = e.binary("arith.ori", nibble, e.select(is_set, e.const(16, v32), e.const(0, v32), "q5"), "q")
+            out.append((32 * sub, scaled_values(blk, s, o, nibble, sub)))
+    return out
+
+
+KERNEL = BlockKernel("Q4_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 8), int16=Int16X(X_ORDER), values=values)

@@ -4,7 +4,7 @@ bits; ``x = d * (q - 16)``, two blocks a step with int16 x (:mod:`.block32`)."""
 
 from __future__ import annotations
 
-from .block32 import fifth_bit_pair, legacy_kernel, nibble_pair, pair_product, pair_scales
+from .block32 import block_values, fifth_bit_pair, legacy_kernel, nibble_pair, pair_product, pair_scales
 from .mlir import vector
 from .product_dispatch import Block
 
@@ -18,4 +18,4 @@ def _body(blk: Block) -> None:
     pair_product(blk, q, d, e.binary("arith.mulf", d, e.const(-16.0, vector(2, "f32")), "m"))
 
 
-KERNEL = legacy_kernel("Q5_0", _body)
+KERNEL = legacy_kernel("Q5_0", _body, lambda blk: block_values(blk, 6, 2, zero=16))

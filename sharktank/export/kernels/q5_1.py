@@ -4,7 +4,7 @@ low 4 bits; ``x = d * q + m``, two blocks a step with int16 x (:mod:`.block32`).
 
 from __future__ import annotations
 
-from .block32 import fifth_bit_pair, legacy_kernel, nibble_pair, pair_product, pair_scales
+from .block32 import block_values, fifth_bit_pair, legacy_kernel, nibble_pair, pair_product, pair_scales
 from .product_dispatch import Block
 
 __all__ = ["KERNEL"]
@@ -16,4 +16,4 @@ def _body(blk: Block) -> None:
     pair_product(blk, q, d, m)
 
 
-KERNEL = legacy_kernel("Q5_1", _body)
+KERNEL = legacy_kernel("Q5_1", _body, lambda blk: block_values(blk, 8, 4))

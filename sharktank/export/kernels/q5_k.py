@@ -14,7 +14,7 @@ from .block32 import signed_byte
 from .block_kernel import BlockKernel, Int16X
 from .mlir import Value, vector
 from .product_dispatch import Block
-from .q4_k import X_ORDER, nibble_products, scales_and_mins, x_scales
+from .q4_k import X_ORDER, nibble_products, scales_and_mins, values, x_scales
 
 __all__ = ["KERNEL"]
 
@@ -45,4 +45,4 @@ def _body(blk: Block) -> None:
         nibble_products(blk, run, low, high, scaled)
 
 
-KERNEL = BlockKernel("Q5_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 8), int16=Int16X(X_ORDER))
+KERNEL = BlockKernel("Q5_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 8), int16=Int16X(X_ORDER), values=lambda blk: values(blk, qh_at=16))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .block_kernel import BlockKernel, Int16X
 from .product_dispatch import Block
-from .mlir import vector
+from .mlir import Value, vector
 
 __all__ = ["KERNEL", "X_ORDER"]
 
@@ -60,4 +60,29 @@ def _body(blk: Block) -> None:
                 blk.x16_accumulate(i, values, at, scaled[i], [c + lane // 4 for lane in range(16)])
 
 
-KERNEL = BlockKernel("Q6_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 16), int16=Int16X(X_ORDER, sum_group=16))
+def _values(blk: Block) -> list[tuple[int, Value]]:
+    """A super-block's 256 values in order: per half h of 128, the 64 bytes of low 4 bits
+    (low nibbles: values 0-63, high: 64-127) and 32 bytes of high 2 bits (bits 2i, 2i + 1 of
+    byte l: value 32 i + l), ``d * sc[t // 16] * (q - 32)``."""
+    e, v16, v32, i32 = blk.e, vector(16, "f32"), vector(32, "f32"), vector(32, "i8")
+    scf = e.cast("arith.sitofp", blk.byte(192, 16, "sc"), v16, "scf")
+    (d,) = blk.halves(208)
+    s = e.binary("arith.mulf", scf, e.broadcast(d, v16), "s")
+    o = e.binary("arith.mulf", s, e.const(-32.0, v16), "o")
+    out = []
+    for h in range(2):
+        ql = [blk.byte(64 * h + 32 * i, 32, "l") for i in range(2)]
+        qh = blk.byte(128 + 32 * h, 32, "h")
+        for i in range(4):  # values 128 h + 32 i .. + 31
+            nibble = ql[i % 2]
+            nibble = e.binary("arith.andi", nibble, e.const(15, i32), "lo") if i < 2 else e.binary("arith.shrui", nibble, e.const(4, i32), "hi")
+            top = e.binary("arith.andi", e.binary("arith.shrui", qh, e.const(2 * i, i32), "qh"), e.const(3, i32), "qh")
+            q = e.binary("arith.ori", nibble, e.binary("arith.shli", top, e.const(4, i32), "qh"), "q")
+            t = (128 * h + 32 * i) // 16  # the first of its two scales
+            picks = [t] * 16 + [t + 1] * 16
+            scale, offset = e.shuffle(s, s, picks, "sj"), e.shuffle(o, o, picks, "oj")
+            out.append((128 * h + 32 * i, e.fma(e.cast("arith.uitofp", q, v32, "qf"), scale, offset, "wv")))
+    return out
+
+
+KERNEL = BlockKernel("Q6_K", _body, rows_per_workgroup=64, rows_at_once=2, accumulators=(16, 16), int16=Int16X(X_ORDER, sum_group=16), values=_values)

@@ -18,6 +18,7 @@ a CPU dispatch only (a GPU would run it on one thread).
 from __future__ import annotations
 
 from .block_kernel import BlockKernel
+from .mlir import Value, vector
 from .product_dispatch import Block
 
 __all__ = ["KERNEL"]
@@ -32,4 +33,11 @@ def _body(blk: Block) -> None:
     blk.accumulate(values, 0)
 
 
-KERNEL = BlockKernel("Q8_0", _body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,))
+def _values(blk: Block) -> list[tuple[int, Value]]:
+    e = blk.e
+    (d,) = blk.halves(0)
+    qf = e.cast("arith.sitofp", blk.byte(2, 32), vector(32, "f32"), "qf")
+    return [(0, e.binary("arith.mulf", qf, e.broadcast(d, vector(32, "f32"), "d"), "wv"))]
+
+
+KERNEL = BlockKernel("Q8_0", _body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,), values=_values)

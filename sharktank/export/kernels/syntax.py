@@ -8,12 +8,13 @@ written here once; everything else the emitter (:mod:`.mlir`) writes is stable s
   shuffle, and a 1-D strided slice lowers to the same LLVM ``shufflevector``.
 - ``vector.extract`` of a scalar names its result and source type (``: f32 from
   vector<2xf32>``), the form since LLVM 19.
-- ``vpdpbusd`` is an LLVM intrinsic call: MLIR's x86vector dialect is not in IREE's compiler.
+- ``vpdpbusd`` and ``vdpbf16ps`` are LLVM intrinsic calls: MLIR's x86vector dialect is not in
+  IREE's compiler.
 """
 
 from __future__ import annotations
 
-__all__ = ["extract", "int8_dot", "slice_1d"]
+__all__ = ["bf16_dot", "extract", "int8_dot", "slice_1d"]
 
 
 def slice_1d(source: str, source_type: str, offset: int, size: int) -> str:
@@ -32,3 +33,11 @@ def int8_dot(acc: str, unsigned: str, signed: str) -> str:
     products of bytes 4i..4i+3 of ``unsigned`` (vector<64xi8> read as uint8) and ``signed``."""
     return (f'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"({acc}, {unsigned}, {signed}) : '
             "(vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>")
+
+
+def bf16_dot(acc: str, a: str, b: str) -> str:
+    """``vdpbf16ps`` (AVX512-BF16): ``acc`` (vector<16xf32>) plus, in lane i, ``a[2i] * b[2i] +
+    a[2i+1] * b[2i+1]`` of the vector<32xbf16> ``a`` and ``b``, the products exact and summed in
+    float32."""
+    return (f'llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({acc}, {a}, {b}) : '
+            "(vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>")

@@ -1,0 +1,175 @@
+"""The block product of a prompt (many rows of ``x``, any number: a symbolic length), shared
+by every layout that can say what its blocks' values are (:attr:`.BlockKernel.values`): tiles
+of the weight dequantized once into bfloat16 on the stack and reused by every row, multiplied
+with ``vdpbf16ps`` (AVX512-BF16: 32 products a 512-bit instruction, summed in float32). No
+float copy of a whole weight is made: a workgroup holds :data:`TILE_ROWS` weight rows x one
+chunk of K (:func:`chunk_values`) at a time.
+
+Operands: ``x`` ``[M, K]`` bfloat16 (M dynamic), the blocks ``[N, K/block_size,
+block_bytes]`` int8 as stored, and the result ``y`` ``[M, N]`` float32, which the chunks of K
+accumulate into.
+
+Workgroup w takes weight rows ``32 w .. 32 w + 31`` (N a multiple of 32). Per chunk of K it
+dequantizes those rows' blocks, 16 rows at a time through a staging buffer (row-major, one
+``vector.store`` per 32 values), into the tile transposed: entry ``[p, r]`` is row r's pair of
+values ``2p, 2p + 1`` (bfloat16 pairs as i32, 16x16 transposes), so that one 64-byte load is
+16 weight rows' pairs, the ``vdpbf16ps`` operand whose lanes are weight rows. Then for every 8
+rows of x (the last rows of a ragged tail repeat row M - 1, writing the same sums) a register
+tile of 8 x 2 accumulators (vector<16xf32>: 8 rows of x x 32 weight rows) runs over the
+chunk's pairs: per pair two loads of the tile, eight broadcasts of a pair of x and 16
+``vdpbf16ps``.
+
+Numerics: x and the weights' values rounded to bfloat16 (8 significant bits), their products
+exact and summed in float32: what a bfloat16 model's own products do; for a float32 model each
+product moves by about 2^-8 of the sum of its terms' sizes at worst (2e-3 of the largest
+value of a random product, the kernel tests' bound).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .block_kernel import BlockKernel
+from .frame import Operand, executable
+from .mlir import Emitter, Value, lanes_of, vector
+from .product_dispatch import Block
+
+__all__ = ["TILE_ROWS", "chunk_values", "function_name", "function_prefix", "module_asm", "refusal"]
+
+TILE_ROWS = 32  # weight rows per workgroup: two 16-lane vectors
+HALF = 16  # weight rows per staging pass and transpose
+X_ROWS = 8  # rows of x of one register tile
+# Scratch a workgroup holds (a dispatch's stack is 32 KiB): the tile (64 bytes a value
+# column: 32 rows of bfloat16) and the staging buffer (16 rows of one block).
+SCRATCH_BYTES = 26 * 1024
+
+
+def _stage_bytes(kernel: BlockKernel) -> int:
+    return HALF * kernel.block_size * 2
+
+
+def chunk_values(kernel: BlockKernel, k: int) -> int | None:
+    """Values of a row per chunk of K: the largest multiple of the block size (and of 32)
+    that divides K and fits the tile beside the staging buffer; None where none does."""
+    most = (SCRATCH_BYTES - _stage_bytes(kernel)) // (2 * TILE_ROWS)
+    step = max(kernel.block_size, 32)
+    best = None
+    for c in range(step, min(k, most) + 1, step):
+        if k % c == 0:
+            best = c
+    return best
+
+
+def refusal(kernel: BlockKernel, n: int, k: int) -> str | None:
+    """Why the prefill dispatch does not take ``x [M, k] @ w[n, k].T`` for ``kernel``'s layout,
+    or None where it does."""
+    what = f"{kernel.layout_name} prefill kernel"
+    if kernel.values is None:
+        return f"{what}: the layout does not say its values"
+    if n <= 0 or n % TILE_ROWS:
+        return f"{what}: expected N a multiple of {TILE_ROWS}, found N={n}"
+    if k <= 0 or chunk_values(kernel, k) is None:
+        return f"{what}: expected K a multiple of {max(kernel.block_size, 32)}, found K={k}"
+    return None
+
+
+def function_prefix(kernel: BlockKernel) -> str:
+    """What every prefill function name of ``kernel``'s layout starts with."""
+    return f"sharktank_{kernel.name}_prefill_"
+
+
+def function_name(kernel: BlockKernel, n: int, k: int) -> str:
+    return f"{function_prefix(kernel)}{n}x{k}"
+
+
+@functools.cache
+def module_asm(kernel: BlockKernel, n: int, k: int) -> str:
+    """A module holding ``util.func @<function_name>(x: tensor<? x k x bf16>, blocks:
+    tensor<n x k/block_size x block_bytes x i8>) -> tensor<? x n x f32>`` and its dispatch.
+    ValueError where :func:`refusal` refuses the shape."""
+    why = refusal(kernel, n, k)
+    if why:
+        raise ValueError(why)
+    nb = k // kernel.block_size
+    inputs = [Operand("x", (None, k), "bf16"), Operand("w", (n, nb, kernel.block_bytes), "i8")]
+    output = Operand("y", (None, n), "f32")
+    return executable(function_name(kernel, n, k), n // TILE_ROWS, inputs, [output], functools.partial(_dispatch, kernel, n, k))
+
+
+def _dispatch(kernel: BlockKernel, n: int, k: int, e: Emitter, wg: Value, views: list[Value]) -> None:
+    x, w, y = views
+    c = e.const
+    v16, b32, i16 = vector(16, "f32"), vector(32, "bf16"), vector(16, "i32")
+    bs, kc = kernel.block_size, chunk_values(kernel, k)
+    m = e.dim(x, 0, "m")
+    last = e.binary("arith.subi", m, c(1), "last")
+    first = e.binary("arith.muli", wg, c(TILE_ROWS), "first")
+    tile = e.alloca(f"memref<{kc // 2}x{TILE_ROWS}xi32>", "tile")
+    stage = e.alloca(f"memref<{HALF}x{bs // 2}xi32>", "stage")
+    zero = c(0.0, v16)
+
+    def clear(i: Value, _):
+        for half in range(2):
+            e.store(zero, y, [i, e.binary("arith.addi", first, c(HALF * half), "col")])
+
+    e.for_(c(0), m, c(1), clear, hint="m")
+
+    def chunk(k0: Value, _):
+        b0 = e.binary("arith.divui", k0, c(bs), "b0")
+
+        def block(j: Value, _):
+            b = e.binary("arith.addi", b0, j, "b")
+            p_block = e.binary("arith.muli", j, c(bs // 2), "pb")  # the block's first pair in the tile
+            for half in range(2):
+                def stage_row(r: Value, _):
+                    row = e.binary("arith.addi", first, e.binary("arith.addi", r, c(HALF * half), "r"), "row")
+                    blk = Block(e, kernel, {"x": x, "w": w}, row, b, c(0), [], [])
+                    for offset, values in kernel.values(blk):
+                        pairs = e.cast("arith.truncf", values, vector(lanes_of(values.type), "bf16"), "wb")
+                        words = e.cast("vector.bitcast", pairs, vector(lanes_of(values.type) // 2, "i32"), "ww")
+                        e.store(words, stage, [r, c(offset // 2)])
+
+                e.for_(c(0), c(HALF), c(1), stage_row, hint="r")
+
+                def transpose(q: Value, _):  # pairs 16 q .. 16 q + 15 of the 16 staged rows
+                    at = e.binary("arith.muli", q, c(16), "q16")
+                    square = c(0, "vector<16x16xi32>")
+                    for r in range(HALF):
+                        got = e.load(stage, [c(r), at], i16, "sr")
+                        square = e.assign("sq", f"vector.insert {got}, {square} [{r}] : {i16} into vector<16x16xi32>", "vector<16x16xi32>")
+                    flipped = e.assign("tr", f"vector.transpose {square}, [1, 0] : vector<16x16xi32> to vector<16x16xi32>", "vector<16x16xi32>")
+                    base = e.binary("arith.addi", p_block, at, "p")
+                    for i in range(16):
+                        col = e.assign("tc", f"vector.extract {flipped}[{i}] : {i16} from vector<16x16xi32>", i16)
+                        e.store(col, tile, [e.binary("arith.addi", base, c(i), "p"), c(HALF * half)])
+
+                e.for_(c(0), c(bs // 32), c(1), transpose, hint="q")
+
+        e.for_(c(0), c(kc // bs), c(1), block, hint="j")
+        p0 = e.binary("arith.divui", k0, c(2), "p0")
+
+        def rows_of_x(m0: Value, _):
+            rows = [e.binary("arith.minsi", e.binary("arith.addi", m0, c(i), "xr"), last, "xr") for i in range(X_ROWS)]
+            cols = [e.binary("arith.addi", first, c(HALF * half), "col") for half in range(2)]
+            inits = [e.load(y, [row, col], v16, "acc") for row in rows for col in cols]
+
+            def pair(p: Value, accs: list[Value]) -> list[Value]:
+                ws = [e.cast("vector.bitcast", e.load(tile, [p, c(HALF * half)], i16, "wt"), b32, "wt") for half in range(2)]
+                at = e.binary("arith.muli", e.binary("arith.addi", p0, p, "xp"), c(2), "xk")
+                out = []
+                for i, row in enumerate(rows):
+                    xp = e.load(x, [row, at], vector(2, "bf16"), "xp")
+                    word = e.extract(e.cast("vector.bitcast", xp, vector(1, "i32"), "xi"), 0, "xi")
+                    xb = e.cast("vector.bitcast", e.broadcast(word, i16, "xv"), b32, "xv")
+                    for half in range(2):
+                        out.append(e.bf16_dot(accs[2 * i + half], ws[half], xb))
+                return out
+
+            accs = e.for_(c(0), c(kc // 2), c(1), pair, inits, hint="p")
+            for i, row in enumerate(rows):
+                for half in range(2):
+                    e.store(accs[2 * i + half], y, [row, cols[half]])
+
+        e.for_(c(0), m, c(X_ROWS), rows_of_x, hint="m0")
+
+    e.for_(c(0), c(k), c(kc), chunk, hint="k0")

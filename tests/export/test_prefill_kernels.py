@@ -1,0 +1,125 @@
+"""The prompt-product kernels (export/kernels/prefill: tiles dequantized to bfloat16, ``vdpbf16ps``)
+of every layout that has one, compiled once with a dynamic number of rows and run at 1, 7, 64
+and 300 rows (a ragged tail of 8, none, a part of a group), against float64 products:
+
+- with the operands the kernel multiplies (x and the dequantized weight rounded to bfloat16),
+  which it must match up to float32 summation (1e-5 of the largest value);
+- with the true operands, within the bound the module states for its numerics (4e-3 of the
+  largest value for the operands, as bfloat16 keeps 8 significant bits, and as much again for
+  the bfloat16 result: 8e-3);
+- with the custom op's eager form (the torch the trace replaces).
+
+Weights: N = 96 rows (three workgroups), K = 1280 (five K-quant super-blocks; several chunks of
+K), float16 scales positive, negative and zero as real files have them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quantized_models import signed_blocks
+from sharktank.export import compile_mlir, export_function
+from sharktank.export.compile import QUANTIZED_FLAGS
+from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, kernels_in, prefill_product
+from sharktank.export.kernels import prefill
+from sharktank.export.kernels.custom_op import PREFILLS
+from sharktank.runtime import Session
+
+N, K = 96, 1280
+ROWS = (1, 7, 64, 300)
+PREFILL_LAYOUTS = sorted(PREFILLS)
+
+
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+
+
+def test_bf16_dot_is_the_cpu_s_avx512_bf16_and_without_it_prompts_keep_the_dense_product(monkeypatch):
+    """The switch against an independent read of the CPU's flags; without it, no prefill
+    dispatch (the caller takes the dense product)."""
+    from sharktank.export import kernels
+
+    assert BF16_DOT == ("avx512_bf16" in _cpu_flags())
+    monkeypatch.setattr(kernels, "BF16_DOT", False)
+    assert prefill_product(torch.randn(9, K).bfloat16(), WEIGHTS["Q8_0"]) is None
+
+
+# The compiled cases need the instruction; the CI machine and this one have it (the test above).
+needs_bf16 = pytest.mark.skipif(not BF16_DOT, reason="AVX512-BF16 absent: test_bf16_dot_... checks that prompts then keep the dense product")
+
+WEIGHTS = {layout: signed_blocks(layout, N, K, i, 1e-2) for i, layout in enumerate(PREFILL_LAYOUTS)}
+
+
+def test_every_kernel_layout_has_a_prefill_kernel():
+    assert PREFILL_LAYOUTS == sorted(KERNELS), "a layout with a decode kernel and no prefill kernel keeps prompts on the dense product"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    def products(x, *blocks):
+        return tuple(prefill_product(x, WEIGHTS[layout].with_blocks(b)).float() for layout, b in zip(PREFILL_LAYOUTS, blocks))
+
+    x = torch.randn(64, K).bfloat16()
+    blocks = [WEIGHTS[layout].blocks for layout in PREFILL_LAYOUTS]
+    rows = torch.export.Dim("rows", min=1, max=512)
+    program = export_function(products, (x, *blocks), dynamic_shapes=({0: rows}, *[None] * len(blocks)))
+    mlir = str(program.mlir_module)
+    session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
+    placed = [session.place(b.numpy(), 0) for b in blocks]
+    return mlir, session, placed
+
+
+@needs_bf16
+def test_the_program_calls_every_prefill_dispatch(compiled):
+    mlir, _, _ = compiled
+    for layout in PREFILL_LAYOUTS:
+        assert f"@{prefill.function_prefix(KERNELS[layout])}{N}x{K}" in mlir
+    assert kernels_in(mlir) == sorted(KERNELS[layout].name for layout in PREFILL_LAYOUTS)
+
+
+@needs_bf16
+@pytest.mark.parametrize("m", ROWS)
+def test_compiled_prefill_products_match_float64(compiled, m):
+    _, session, placed = compiled
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).bfloat16().float()
+    outs = session.invoke("main", [session.place(x.bfloat16().view(torch.uint16).numpy(), 0, element_type=__import__("iree.runtime", fromlist=["HalElementType"]).HalElementType.BFLOAT_16), *placed])
+    for layout, out in zip(PREFILL_LAYOUTS, outs):
+        got = torch.from_numpy(np.asarray(out.to_host())).double()
+        assert got.shape == (m, N)
+        dense = WEIGHTS[layout].dequantize().double()
+        rounded = x.double() @ dense.bfloat16().double().T
+        exact = x.double() @ dense.T
+        scale = exact.abs().max()
+        assert ((got - rounded).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: not the bfloat16 operands' product"
+        assert ((got - exact).abs().max() / scale).item() <= 8e-3, f"{layout} M={m}: further from the true product than bfloat16 rounding"
+        eager = PREFILLS[layout](x.bfloat16(), WEIGHTS[layout].blocks.view(torch.int8)).double()
+        assert ((got - eager).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: compiled and eager differ"
+
+
+@needs_bf16
+def test_prefill_refusals_keep_the_dense_product():
+    kernel = KERNELS["Q4_K"]
+    assert "N a multiple of 32, found N=80" in prefill.refusal(kernel, 80, 1280)
+    assert "K a multiple of 256, found K=1000" in prefill.refusal(kernel, 96, 1000)
+    assert prefill.refusal(kernel, 96, 1280) is None
+    w = signed_blocks("Q4_K", 80, K, 0, 1e-2)
+    assert prefill_product(torch.randn(9, K), w) is None  # no dispatch: the caller takes the dense product
+    with pytest.raises(ValueError, match="N a multiple of 32"):
+        prefill.module_asm(kernel, 80, 1280)
+
+
+@needs_bf16
+def test_decode_rows_take_the_decode_kernels_and_more_the_prefill_ones():
+    """BlockProducts (what export traces with) routes a static 8 rows to the decode kernels and
+    9 or a symbolic number to the prefill dispatch."""
+    w = WEIGHTS["Q8_0"]
+
+    def fn(x8, x9):
+        products = BlockProducts()
+        return products(x8, w), products(x9, w)
+
+    mlir = str(export_function(fn, (torch.randn(8, K).bfloat16(), torch.randn(9, K).bfloat16())).mlir_module)
+    assert "@sharktank_q8_0_product_8x96x1280" in mlir and "@sharktank_q8_0_prefill_96x1280" in mlir
+    assert "sharktank_q8_0_product_9x" not in mlir
