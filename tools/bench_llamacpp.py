@@ -202,12 +202,14 @@ def made_files(source: Path, kinds: list[str], work: Path, llamacpp: Path) -> di
     return out
 
 
-def export_ours(gguf: Path, artifact: Path, ctx: int, reuse: bool, dtype: str | None) -> None:
+def export_ours(gguf: Path, artifact: Path, ctx: int, reuse: bool, dtype: str | None, exact_prompts: bool = False) -> None:
     if reuse and (artifact / "manifest.json").is_file():
         return
     args = [sys.executable, "-m", "sharktank.cli", "export", "--model", str(gguf), "--max-seq-len", str(ctx), "--output-dir", str(artifact)]
     if dtype:
         args += ["--dtype", dtype]
+    if exact_prompts:
+        args.append("--exact-prompts")
     t0 = time.perf_counter()
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-reps", type=int, default=3, help="timed prefills per worker, after one warm-up (default 3)")
     parser.add_argument("--ctx", type=int, default=256, help="KV-cache positions, both sides (default 256)")
     parser.add_argument("--dtype", default=None, help="our export's --dtype (default: as stored)")
+    parser.add_argument("--exact-prompts", action="store_true", help="our export's --exact-prompts (prompts of quantized float32 "
+                        "models as dense products instead of the bfloat16 prefill dispatches)")
     parser.add_argument("--driver", default=None, choices=("local-task", "local-sync"),
                         help="our runtime driver (default: the artifact's, local-task: 2 worker threads; local-sync runs on one)")
     parser.add_argument("--omp-passive", action="store_true",
@@ -280,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         files.update(made_files(next(iter(files.values())), kinds, args.work, args.llamacpp))
     load = os.getloadavg()
     print(f"== llama.cpp side by side: {len(files)} files, {args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
-    artifacts = {name: args.work / f"ours-{Path(name).stem}" for name in files}
+    variant = (f"-{args.dtype}" if args.dtype else "") + ("-exact" if args.exact_prompts else "")
+    artifacts = {name: args.work / f"ours-{Path(name).stem}{variant}" for name in files}
     for name, path in files.items():
-        export_ours(path, artifacts[name], args.ctx, args.reuse, args.dtype)
+        export_ours(path, artifacts[name], args.ctx, args.reuse, args.dtype, args.exact_prompts)
     tokens = {}
     for name, path in files.items():
         g, vocab = random.Random(0), vocab_size(path)

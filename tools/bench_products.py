@@ -14,10 +14,15 @@ round; printed: the median over rounds and its range):
   dequantized to x's dtype, then the dense product);
 - ``dense f32`` / ``dense bf16``: the same product of a plain float weight, the floor the
   quantized form is judged on;
+- ``kernels f32`` / ``kernels bf16``: the product as a cpu export traces it
+  (``export.kernels.BlockProducts``: the decode kernel for M <= 8, the prefill dispatch for
+  more), and ``prefill bf16``: the prefill dispatch at any M (where it refuses the shape, or
+  the CPU lacks AVX512-BF16, these cases are left out);
 - with ``--flags``, each dense case again compiled with those extra compiler flags.
 
-It says where a quantized prompt's time goes (the dequantization, or the dense product
-itself) before a prefill kernel is written (issue 28). Not a test: nothing here asserts.
+It says where a quantized prompt's time goes and what the kernels make of it, e.g. whether
+the prefill dispatch beats the decode kernels at 8 rows (a serving batch). Not a test:
+nothing here asserts.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from bench_timing import interleaved  # noqa: E402
 
 from sharktank import ops  # noqa: E402
 from sharktank.export import arg_devices, compile_mlir, export_function  # noqa: E402
+from sharktank.export.kernels import BlockProducts, prefill_product  # noqa: E402
 from sharktank.runtime import Session  # noqa: E402
 from sharktank.types import LAYOUTS, QuantizedTensor  # noqa: E402
 
@@ -74,10 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         def plain(x, w, dt=dt):
             return ops.linear(x.to(dt), w.to(dt)).float()
 
+        def kernels(x, b, dt=dt):
+            with ops.block_kernels(BlockProducts()):
+                return ops.linear(x.to(dt), QuantizedTensor(args.layout, (n, k), b)).float()
+
         cases[f"quant {tag}"] = (quant, (x, blocks), ())
         cases[f"dense {tag}"] = (plain, (x, dense), ())
+        cases[f"kernels {tag}"] = (kernels, (x, blocks), ())
         if extra:
             cases[f"dense {tag} +flags"] = (plain, (x, dense), extra)
+    w = QuantizedTensor(args.layout, (n, k), blocks)
+    if prefill_product(x[:9].bfloat16(), w) is not None:
+        cases["prefill bf16"] = (lambda x, b: prefill_product(x.bfloat16(), w.with_blocks(b)).float(), (x, blocks), ())
     built = {}
     for name, (fn, fargs, flags) in cases.items():
         print(f"compiling {name} ...", flush=True)

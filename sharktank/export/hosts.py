@@ -45,7 +45,7 @@ from ..types import ReplicatedTensor, ShardedTensor
 from ..weights._files import atomic_dir, sha256_file
 from .artifact import MANIFEST, _may_replace, checked_length, versions, write_program
 from .llama import cache_arg_specs, import_programs, lift_weights, row_index, row_slices, trace_program
-from .kernels import kernels_for
+from .kernels import CpuKernels, kernels_for
 from .manifest import HOST_KINDS, HOSTS_FORMAT
 from .program import arg_devices
 
@@ -78,7 +78,7 @@ def _one_copy(x):
     return x.shards[0] if isinstance(x, ShardedTensor) else x
 
 
-def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, cpu_kernels: bool = False,
+def _export_host(model: LlamaModel, stages: range, batch_sizes: tuple[int, ...], t: int, cpu_kernels: CpuKernels | None = None,
                  functions: tuple[str, ...] = HOST_KINDS):
     """Trace host functions of ``model`` (a host plan) for ``stages``: ``(mlir, weights, specs)``;
     ``functions``: prefill and decode, and prefill_row (for batches of several rows) when named."""
@@ -181,6 +181,7 @@ def export_hosts(
     compile: bool,
     progress: Callable[[str], None],
     functions: tuple[str, ...] = HOST_KINDS,
+    exact_prompts: bool = False,
 ) -> dict:
     """``export_artifact`` (which has the defaults) of a plan over several hosts: ``model``'s
     pipeline split as ``plan`` (``model.plan`` with ``host_of_stage``) says into
@@ -196,7 +197,7 @@ def export_hosts(
             stages = plan.stages_of_host(h)
             progress(f"host {h}: exporting stages {list(stages)} over {len(maps[h])} devices")
             t1 = time.perf_counter()
-            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, cpu_kernels=kernels_for(target, target_arch), functions=functions)
+            mlir, weights, specs = _export_host(hm, stages, tuple(batch_sizes), t, cpu_kernels=kernels_for(target, target_arch, exact_prompts=exact_prompts), functions=functions)
             sub = tmp / host_dir(h)
             sub.mkdir()
             role = {"host": h, "hosts": hosts, "stages": list(stages), "first": h == 0, "last": h == hosts - 1}

@@ -44,8 +44,9 @@ import torch.utils._pytree as pytree
 from .. import ops
 from ..models.llama.model import KVCache, LlamaModel
 from ..models.llama.sharding import StageWeights
-from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor
+from ..types import QuantizedTensor, ReplicatedTensor
 from ..weights import WeightSource
+from .kernels import CpuKernels
 from .program import arg_devices
 
 __all__ = ["ExportedWeights", "lift_weights", "export_llama", "trace_program", "import_programs", "cache_arg_specs", "row_index", "SCOPE"]
@@ -233,19 +234,21 @@ def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
 
 
 def trace_program(
-    fxb, forward, args: tuple, *, name: str, arg_device: dict, dynamic=None, attention_as_matmuls: bool = False, cpu_kernels: bool = False
+    fxb, forward, args: tuple, *, name: str, arg_device: dict, dynamic=None, attention_as_matmuls: bool = False,
+    cpu_kernels: CpuKernels | None = None,
 ) -> None:
-    """Trace ``forward`` into ``fxb`` as function ``name``. ``cpu_kernels``: the program calls
-    :mod:`sharktank.export.kernels`' CPU dispatches where one applies (a CPU-only module:
-    ``export_artifact`` sets it for the ``cpu`` target): products with quantized weights, and
-    a decode step's attention over the cache or the page pool."""
+    """Trace ``forward`` into ``fxb`` as function ``name``. ``cpu_kernels``: where given, the
+    program calls :mod:`sharktank.export.kernels`' CPU dispatches where one applies (a
+    CPU-only module: ``export_artifact`` sets it for the ``cpu`` target, see
+    :func:`~sharktank.export.kernels.kernels_for`): products with quantized weights, and a
+    decode step's attention over the cache or the page pool."""
     from iree.turbine.aot.decompositions import extend_aot_decompositions
 
     products, attention, paged = None, None, None
-    if cpu_kernels:
+    if cpu_kernels is not None:
         from .kernels import BlockProducts, decode_attention, paged_decode_attention
 
-        products, attention, paged = BlockProducts(), decode_attention, paged_decode_attention
+        products, attention, paged = BlockProducts(cpu_kernels), decode_attention, paged_decode_attention
 
     # No extra decompositions: the IREE importer takes these graphs as traced, and
     # turbine's default table re-traces every program (about half the export time).
@@ -359,7 +362,7 @@ def export_llama(
     max_seq_len: int | None = None,
     *,
     attention_as_matmuls: bool = False,
-    cpu_kernels: bool = False,
+    cpu_kernels: CpuKernels | None = None,
     page_size: int | None = None,
     functions: tuple[str, ...] | None = None,
 ):

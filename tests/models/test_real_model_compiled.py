@@ -1,7 +1,15 @@
-"""The real SmolLM2 file exported, compiled (llvm-cpu) and run with the IREE runtime, against
-transformers' load of the same file (see test_real_model.py for the tolerance's reasoning:
-both sides are float32 over the same dequantized values; compiled products add their own
-summation order, measured ~1e-4 on logits up to ~35)."""
+"""The real SmolLM2 file exported as a user exports it (defaults), compiled (llvm-cpu) and run
+with the IREE runtime, against transformers' load of the same file.
+
+Tolerances. Both sides are float32 over the same dequantized values (test_real_model.py), but
+the export's prompt products are the bfloat16 prefill dispatches (sharktank/export/kernels/
+prefill.py: x and each weight tile rounded to bfloat16, 2^-9 relative each, as llama.cpp
+rounds its activations to 8-bit blocks), so prompt logits carry that rounding through 30
+layers: measured 0.7e-2 to 1.2e-2 of the largest |logit| (27 to 42) on these prompts, every
+argmax equal. Decode steps (the int16-x kernels, error far below bfloat16's) start from the
+prompt's cache. The greedy ids and the chat answer are checked exactly; perplexity within
+PPL_RTOL_PROMPTS (measured 8.462 against 8.446). With --exact-prompts an export matches eager
+to ~1e-4 (the tiny-model tests check that path at 1e-4)."""
 
 from __future__ import annotations
 
@@ -11,9 +19,10 @@ import math
 import pytest
 import torch
 
-from test_real_model import CONVERSATIONS, PPL_RTOL, PROMPTS, TEXT, WINDOW, prompt_ids, reference, reference_perplexity  # noqa: F401  (module fixtures)
+from test_real_model import CONVERSATIONS, PROMPTS, TEXT, WINDOW, prompt_ids, reference, reference_perplexity  # noqa: F401  (module fixtures)
 
-ATOL = 2e-3
+PROMPT_RTOL = 2e-2  # max |compiled - transformers| / max |logit|
+PPL_RTOL_PROMPTS = 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +52,8 @@ def test_compiled_logits_equal_transformers(compiled, reference, prompt_ids):
         got, _ = compiled.prefill(ids)
         got = torch.as_tensor(got).float()
         assert got.shape == want.shape
-        assert (got - want).abs().max().item() < ATOL
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        assert err <= PROMPT_RTOL, f"max |error| / max |logit| = {err:.3g}"
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
@@ -89,4 +99,4 @@ def test_compiled_perplexity_equals_transformers(artifact, reference, capsys):
 
     ids = load_tokenizer(artifact).encode(TEXT.read_text(), add_special_tokens=True)
     want = reference_perplexity(model, ids, WINDOW, bos_id=None)
-    assert math.isclose(got["ppl"], want, rel_tol=PPL_RTOL), (got["ppl"], want)
+    assert math.isclose(got["ppl"], want, rel_tol=PPL_RTOL_PROMPTS), (got["ppl"], want)

@@ -16,12 +16,14 @@ traced.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ...types import QuantizedTensor
 from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "prefill_product", "BlockProducts", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
+__all__ = ["block_product", "prefill_product", "BlockProducts", "CpuKernels", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
 
 _ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names (attention's)
     "decode_attention": "@sharktank_decode_attention_",
@@ -45,10 +47,22 @@ INTEGER_DOT = _host_has("avx512_vnni")
 BF16_DOT = _host_has("avx512_bf16")
 
 
-def kernels_for(target: str, target_arch: str | None) -> bool:
-    """Whether an export for ``target`` calls the kernels: for ``cpu`` compiled for this host
+@dataclasses.dataclass(frozen=True)
+class CpuKernels:
+    """An export's choice of CPU dispatches (:func:`kernels_for`). ``exact_prompts``: a prompt's
+    products with quantized weights of a float32 or float16 model keep the dense product of
+    the dequantized weight in x's dtype (as eager computes it) instead of the prefill
+    dispatches, which round x and the weight tile to bfloat16 (:mod:`.prefill`)."""
+
+    exact_prompts: bool = False
+
+
+def kernels_for(target: str, target_arch: str | None, *, exact_prompts: bool = False) -> CpuKernels | None:
+    """The kernels an export for ``target`` calls, or None: for ``cpu`` compiled for this host
     (the default ``--target-arch``), whose features the kernels are written for."""
-    return target == "cpu" and (target_arch or "host") == "host"
+    if target == "cpu" and (target_arch or "host") == "host":
+        return CpuKernels(exact_prompts=exact_prompts)
+    return None
 
 
 def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = None) -> torch.Tensor | None:
@@ -89,21 +103,21 @@ def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = No
     return y.reshape(*x.shape[:-1], n)
 
 
+_PREFILL_X = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def prefill_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
     """``x @ w.T`` for a prompt's rows (``x`` ``[..., K]``, any number of rows, symbolic
     included) as one call of the layout's prefill dispatch (:mod:`.prefill`: tiles of the
     weight dequantized to bfloat16 and reused by every row, ``vdpbf16ps``), or None where it
     does not apply: no such dispatch for the layout, a shape :func:`.prefill.refusal` refuses,
     x not float32/bfloat16/float16, or a host CPU without AVX512-BF16 (:data:`BF16_DOT`).
-    x is rounded to bfloat16 (the module's numerics note)."""
+    x is rounded to bfloat16 (the module's numerics note), the result returned in x's dtype."""
     from . import prefill
     from .custom_op import PREFILLS
 
     kernel = KERNELS.get(w.layout.name)
-    # bfloat16 x only, for now: its numerics are then those of the dense bfloat16 product it
-    # replaces. float32 and float16 models keep the exact dense product (the kernel would round
-    # x to bfloat16: 2e-3 of a product's largest value; SmolLM2's logits moved by 0.33).
-    if kernel is None or w.layout.name not in PREFILLS or x.dtype != torch.bfloat16 or not BF16_DOT:
+    if kernel is None or w.layout.name not in PREFILLS or x.dtype not in _PREFILL_X or not BF16_DOT:
         return None
     n, k = w.shape
     if prefill.refusal(kernel, n, k) is not None:
@@ -190,24 +204,29 @@ def _static_rows(x: torch.Tensor) -> int | None:
 class BlockProducts:
     """The kernel ``ops.block_kernels`` takes, for one traced program: :func:`block_product`
     for a static number of rows up to :data:`DECODE_ROWS`, :func:`prefill_product` for more
-    or a symbolic number. The decode products of one x with weights of one int16-x layout (q,
-    k; gate, up) share one rounding of x. One per trace: it holds each x it has rounded."""
+    or a symbolic number (for bfloat16 x only where ``choice.exact_prompts``). The decode
+    products of one x with weights of one int16-x layout (q, k; gate, up) share one rounding
+    of x. One per trace: it holds each x it has rounded."""
 
-    def __init__(self):
+    def __init__(self, choice: CpuKernels | None = None):
         self._rounded: dict = {}
+        self._exact_prompts = choice is not None and choice.exact_prompts
 
     def __call__(self, x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
         rows = _static_rows(x)
         if rows is not None and rows <= DECODE_ROWS:
             return block_product(x, w, self._rounded)
+        if self._exact_prompts and x.dtype != torch.bfloat16:
+            return None
         return prefill_product(x, w)
 
 
 def kernels_in(mlir: str) -> list[str]:
     """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
-    the registered layouts of its products, decode's or a prompt's (lower case, e.g.
-    ``q8_0``), ``decode_attention`` and ``paged_decode_attention``."""
+    the registered layouts of its decode products (lower case, e.g. ``q8_0``), of its prompt
+    products (``q8_0_prefill``), ``decode_attention`` and ``paged_decode_attention``."""
     from . import prefill
 
-    found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir or f"@{prefill.function_prefix(kernel)}" in mlir]
+    found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir]
+    found += [f"{kernel.name}_prefill" for kernel in KERNELS.values() if f"@{prefill.function_prefix(kernel)}" in mlir]
     return sorted(found + [name for name, prefix in _ATTENTION_PREFIXES.items() if prefix in mlir])
