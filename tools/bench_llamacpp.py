@@ -10,10 +10,13 @@ for this CPU into a directory outside the repo, which only this script's llama.c
 on their path (at its end, so that the venv's own numpy stays first). Not ``GGML_NATIVE``:
 ``-march=native`` turns on llama.cpp's AMX matmul, whose first ``ldtilecfg`` faults in this VM
 (the CPU lists amx_int8, the VM does not enable the tile state), so the features are named
-with AMX off::
+with AMX off, and ``GGML_AVX_VNNI`` (the VEX-encoded AVX-VNNI) only where ``/proc/cpuinfo``
+lists ``avx_vnni``: AMD EPYC (Zen 4) machines have AVX512-VNNI but not it, and a build with it
+dies there of SIGILL (a worker "failed (-4)")::
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-        -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+        -DGGML_BMI2=ON -DGGML_AVX_VNNI=$(grep -qw avx_vnni /proc/cpuinfo && echo ON || echo OFF) \
+        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
         -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
         -DGGML_AMX_BF16=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
@@ -178,7 +181,8 @@ def _worker(*args: str, env: dict[str, str] | None = None) -> dict:
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", *args], capture_output=True, text=True,
                        env={**os.environ, **(env or {})})
     if p.returncode != 0:
-        raise SystemExit(f"worker {' '.join(args[:2])} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        hint = " (SIGILL: an instruction this CPU lacks; rebuild llama-cpp-python as this script's docstring says)" if p.returncode == -4 else ""
+        raise SystemExit(f"worker {' '.join(args[:2])} failed ({p.returncode}){hint}:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
