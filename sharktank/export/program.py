@@ -42,11 +42,14 @@ class _Wrap(torch.nn.Module):
         return self.fn(*args)
 
 
-def export_function(fn: Callable, args: tuple, *, function_name: str = "main", default_device: int = 0, dynamic_shapes=None) -> Any:
+def export_function(fn: Callable, args: tuple, *, function_name: str = "main", default_device: int = 0, dynamic_shapes=None, strict: bool = True) -> Any:
     """Export ``fn(*args)`` with iree-turbine; returns turbine's ``ExportOutput``.
 
     Sharded results are returned as their shards (one result per shard). ``dynamic_shapes``:
-    as ``torch.export.export`` takes it (one entry per argument, in order).
+    as ``torch.export.export`` takes it (one entry per argument, in order). ``strict=False``:
+    torch.export's non-strict mode (the Python code runs as in eager), which functions that
+    set an op setting such as ``ops.block_kernels`` inside need (dynamo cannot trace a
+    ContextVar), as the model exports do.
     """
     from iree.turbine import aot
     from iree.turbine.aot import DeviceAffinity
@@ -60,6 +63,7 @@ def export_function(fn: Callable, args: tuple, *, function_name: str = "main", d
         arg_device={i: DeviceAffinity(d) for i, d in enumerate(devices)},
         # A wrapped function's forward takes *args: torch.export matches them as one tuple.
         dynamic_shapes=(tuple(dynamic_shapes),) if dynamic_shapes is not None and isinstance(module, _Wrap) else dynamic_shapes,
+        strict_export=strict,
     )
 
 
