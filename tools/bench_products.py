@@ -9,15 +9,17 @@ Cases, each its own compiled function, timed in interleaved rounds
 (``bench_timing.interleaved``: one warm-up call each, then the mean of ``--reps`` calls per
 round; printed: the median over rounds and its range):
 
-- ``quant f32`` / ``quant bf16``: a ``--layout`` weight (random blocks, small float16 scales)
+- ``quant f32`` / ``quant bf16`` / ``quant f16``: a ``--layout`` weight (random blocks, small float16 scales)
   through ``ops.linear`` as a prompt takes it (more rows than a block product's: the weight
   dequantized to x's dtype, then the dense product);
-- ``dense f32`` / ``dense bf16``: the same product of a plain float weight, the floor the
-  quantized form is judged on;
-- ``kernels f32`` / ``kernels bf16``: the product as a cpu export traces it
+- ``dense f32`` / ``dense bf16`` / ``dense f16``: the same product of a plain float weight, the
+  floor the quantized form is judged on (``dense f16``: a float16 model's, e.g. an F16 GGUF's);
+- ``kernels f32`` / ``kernels bf16`` / ``kernels f16``: the product as a cpu export traces it
   (``export.kernels.BlockProducts``: the decode kernel for M <= 8, the prefill dispatch for
-  more), and ``prefill bf16``: the prefill dispatch at any M (where it refuses the shape, or
-  the CPU lacks AVX512-BF16, these cases are left out);
+  more), ``kernels dense f16``: the plain float16 weight as a cpu export traces it (the
+  prefill dispatch for M > 8, ``export.kernels.f16``), and ``prefill bf16``: the prefill
+  dispatch at any M (where it refuses the shape, or the CPU lacks AVX512-BF16, these cases
+  are left out);
 - with ``--flags``, each dense case again compiled with those extra compiler flags.
 
 It says where a quantized prompt's time goes and what the kernels make of it, e.g. whether
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     dense = QuantizedTensor(args.layout, (n, k), blocks).dequantize()
     extra = tuple(args.flags.split())
     cases = {}
-    for dt, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+    for dt, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")):
         def quant(x, b, dt=dt):
             return ops.linear(x.to(dt), QuantizedTensor(args.layout, (n, k), b)).float()
 
@@ -89,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         cases[f"kernels {tag}"] = (kernels, (x, blocks), ())
         if extra:
             cases[f"dense {tag} +flags"] = (plain, (x, dense), extra)
+    def f16_kernels(x, w):
+        with ops.block_kernels(BlockProducts()):
+            return ops.linear(x.half(), w).float()
+
+    if prefill_product(x[:9].half(), dense.half()) is not None:
+        cases["kernels dense f16"] = (f16_kernels, (x, dense.half()), ())
     w = QuantizedTensor(args.layout, (n, k), blocks)
     if prefill_product(x[:9].bfloat16(), w) is not None:
         cases["prefill bf16"] = (lambda x, b: prefill_product(x.bfloat16(), w.with_blocks(b)).float(), (x, blocks), ())

@@ -166,10 +166,11 @@ def add_parser(sub) -> None:
     e.add_argument(
         "--dtype",
         help="convert the weights (and so the activations) to float32, float16 or bfloat16 (default: as stored; quantized "
-        "GGUF blocks stay blocks). On a CPU, float16 computes slowly (no float16 arithmetic: each product widens its "
-        "operands), so an F16 GGUF prefills faster exported with --dtype bfloat16 (the 1B shape: about 1.3-1.8 s against 4.1 s "
-        "for 128 tokens on 2 cores), at bfloat16's rounding: 8 mantissa bits to float16's 11, so its logits stray further "
-        "from float32's (tools/half_precision_table.py measures both)",
+        "GGUF blocks stay blocks). A CPU has no float16 arithmetic: for the cpu target (compiled for this host) float16 "
+        "weights' products are hand-written kernels that read the weight as stored (a decode step's in float32, a prompt's "
+        "rounded to bfloat16 like quantized weights': see --exact-prompts), so an F16 GGUF runs as stored at about "
+        "llama.cpp's speed; --dtype bfloat16 rounds the weights themselves (8 significant bits to float16's 11, its "
+        "logits stray further from float32's: tools/half_precision_table.py measures both)",
     )
     e.add_argument(
         "--page-size", dest="page_size", type=int, metavar="POSITIONS",
@@ -182,11 +183,11 @@ def add_parser(sub) -> None:
     )
     e.add_argument(
         "--exact-prompts", dest="exact_prompts", action="store_true", default=None,
-        help="cpu target, a float32 or float16 model with quantized (GGUF) weights: compute a prompt's products (more than 8 rows) "
-        "as eager does, the weight dequantized to x's dtype for a dense product, instead of the prefill dispatches, which "
-        "dequantize tiles of the blocks to bfloat16 and round x to bfloat16 (about 2e-3 of each product, as llama.cpp rounds "
-        "its activations to 8-bit blocks; SmolLM2's perplexity 8.446 against 8.462) and run several times faster. Decode steps "
-        "and bfloat16 models are the same either way (default: the prefill dispatches)",
+        help="cpu target, a float32 or float16 model with quantized (GGUF) or float16 weights: compute a prompt's products "
+        "(more than 8 rows) as eager does, the weight dequantized to x's dtype for a dense product, instead of the prefill "
+        "dispatches, which convert tiles of the weight to bfloat16 and round x to bfloat16 (about 2e-3 of each product, as "
+        "llama.cpp rounds its activations to 8-bit blocks; SmolLM2's perplexity 8.446 against 8.462) and run several times "
+        "faster (a float16 product: 3x). Decode steps and bfloat16 models are the same either way (default: the prefill dispatches)",
     )
     e.add_argument("--target", choices=list(TARGETS), help="compile target (default cpu)")
     e.add_argument("--target-arch", dest="target_arch", help="CPU name (default host), ROCm arch (gfx942) or CUDA arch (sm_80)")

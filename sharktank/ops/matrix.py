@@ -169,38 +169,43 @@ def _few_rows(x: torch.Tensor) -> bool:
     return rows <= _BLOCK_PRODUCT_ROWS
 
 
-BlockKernel = Callable[[torch.Tensor, QuantizedTensor], "torch.Tensor | None"]
+BlockKernel = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 _BLOCK_KERNEL: contextvars.ContextVar[BlockKernel | None] = contextvars.ContextVar("block_kernels", default=None)
 
 
 def block_kernels(kernel: BlockKernel | None) -> contextlib.AbstractContextManager[None]:
-    """While active, a traced product ``x @ w.T`` with a quantized 2-D ``w`` is ``kernel(x,
-    w)`` (any number of rows, symbolic included: a decode step or a prompt); where it returns
-    None, :meth:`QuantizedTensor.product` for a static number of rows up to
-    ``_BLOCK_PRODUCT_ROWS``, else the dense product of the dequantized weight.
+    """While active, a traced product ``x @ w.T`` with a quantized or float16 2-D ``w`` is
+    ``kernel(x, w)`` (any number of rows, symbolic included: a decode step or a prompt); where
+    it returns None, :meth:`QuantizedTensor.product` for a quantized ``w`` and a static number
+    of rows up to ``_BLOCK_PRODUCT_ROWS``, else the dense product (of the dequantized weight).
 
     Export passes :class:`sharktank.export.kernels.BlockProducts` for the CPU target: its
     hand-written dispatches read the blocks at about the machine's read bandwidth in a decode
     step, where IREE's code for the torch form is compute-bound, and reuse each dequantized
-    tile across a prompt's rows. ``None`` turns kernels off."""
+    tile across a prompt's rows (a float16 weight's too: this CPU has no float16
+    arithmetic). ``None`` turns kernels off."""
     return setting(_BLOCK_KERNEL, kernel)
 
 
-def _quantized_product(x: torch.Tensor, w) -> torch.Tensor | None:
-    """``x @ w.T`` on ``w``'s blocks where it is traced and quantized: the active block
-    kernel's, else the torch form for few rows; None: the dense product."""
-    if not isinstance(w, QuantizedTensor) or w.ndim != 2 or not _tracing_tensor(x):
+def _kernel_product(x: torch.Tensor, w) -> torch.Tensor | None:
+    """``x @ w.T`` where it is traced, ``w`` 2-D and quantized or float16: the active block
+    kernel's, else (quantized) the torch form on the blocks for few rows; None: the dense
+    product."""
+    if w.ndim != 2 or not _tracing_tensor(x):
+        return None
+    quantized = isinstance(w, QuantizedTensor)
+    if not quantized and w.dtype != torch.float16:
         return None
     kernel = _BLOCK_KERNEL.get()
     y = kernel(x, w) if kernel is not None else None
-    if y is None and _few_rows(x):
+    if y is None and quantized and _few_rows(x):
         y = w.product(x)
     return y
 
 
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
-    y = _quantized_product(lhs, rhs) if transpose_rhs else None
+    y = _kernel_product(lhs, rhs) if transpose_rhs else None
     if y is not None:
         return y
     rhs = _dense(rhs, lhs)
@@ -241,7 +246,7 @@ def _f_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
     accumulator, as torch's CPU kernels compute it eagerly, while a batched product would
     accumulate in the half type. The weight stays in its dtype (no float32 copy of it); a
     quantized weight is dequantized to ``x``'s dtype right before the product."""
-    y = _quantized_product(x, w)
+    y = _kernel_product(x, w)
     if y is not None:
         return y if b is None else y + b
     w = _dense(w, x)

@@ -21,7 +21,7 @@ from sharktank.types.quantized import LAYOUTS as BLOCK_LAYOUTS
 N = 67  # odd: a full workgroup and a remainder
 ROWS = (1, 3, 8)
 AT_ONCE = (1, 2, 4)
-MATRIX = [(layout, elem, m, r) for layout in LAYOUTS for elem in KERNELS[layout].elements for m in ROWS for r in AT_ONCE]
+MATRIX = [(layout, elem, m, r) for layout in KERNELS for elem in KERNELS[layout].elements for m in ROWS for r in AT_ONCE]
 _DEFINED = re.compile(r"(%[A-Za-z_][\w]*)(?::\d+)?\s*=")
 
 
@@ -37,7 +37,7 @@ def _parse(context, text: str) -> None:
 def _k(layout: str) -> int:
     """A K whose one row of x (2 bytes a value at the least) is past X_CHUNK_BYTES, so that one
     row of x takes the rows-at-once path."""
-    size = BLOCK_LAYOUTS[layout].block_size
+    size = KERNELS[layout].block_size
     return -(-X_CHUNK_BYTES // (2 * size)) * size
 
 
@@ -105,9 +105,12 @@ def test_the_emitter_checks_types_and_yields():
 
 
 def test_the_registry_is_the_one_source():
-    assert LAYOUTS == tuple(KERNELS)
+    assert LAYOUTS == tuple(name for name in KERNELS if name != "F16")
+    assert KERNELS["F16"].plain and KERNELS["F16"].weight_shape(N, 64) == (N, 64)
     for name, kernel in KERNELS.items():
-        assert kernel.layout is BLOCK_LAYOUTS[name] and kernel.name == name.lower()
+        assert kernel.name == name.lower()
+        if not kernel.plain:
+            assert kernel.layout is BLOCK_LAYOUTS[name] and kernel.weight_shape(N, 512) == (N, 512 // kernel.block_size, kernel.block_bytes)
         k = 8 * kernel.block_size
         # The manifest's cpu_kernels: found from the registered names in a module's text.
         assert kernels_in(module_asm(kernel, 1, N, k, kernel.elements[0])) == [kernel.name]

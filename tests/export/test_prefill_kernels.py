@@ -10,7 +10,9 @@ and 300 rows (a ragged tail of 8, none, a part of a group), against float64 prod
 - with the custom op's eager form (the torch the trace replaces).
 
 Weights: N = 96 rows (three workgroups), K = 1280 (five K-quant super-blocks; several chunks of
-K), float16 scales positive, negative and zero as real files have them."""
+K), float16 scales positive, negative and zero as real files have them; and a plain float16
+weight (``F16``: an F16 GGUF's), its values of both signs, zeros and values below float16's
+normal range among them."""
 
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ import torch
 from quantized_models import signed_blocks
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
-from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, CpuKernels, kernels_in, prefill_product
+from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, CpuKernels, kernels_in, prefill_product, prefill_weights
 from sharktank.export.kernels import prefill
 from sharktank.export.kernels.custom_op import PREFILLS
+from sharktank.export.kernels.registry import PREFILLS as PREFILL_WEIGHTS
+from sharktank.types import QuantizedTensor
 from sharktank.runtime import Session
 
 N, K = 96, 1280
@@ -49,20 +53,52 @@ def test_bf16_dot_is_the_cpu_s_avx512_bf16_and_without_it_prompts_keep_the_dense
 # The compiled cases need the instruction; the CI machine and this one have it (the test above).
 needs_bf16 = pytest.mark.skipif(not BF16_DOT, reason="AVX512-BF16 absent: test_bf16_dot_... checks that prompts then keep the dense product")
 
-WEIGHTS = {layout: signed_blocks(layout, N, K, i, 1e-2) for i, layout in enumerate(PREFILL_LAYOUTS)}
+def _f16_weight() -> torch.Tensor:
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(16)) * 0.05
+    w[0, :64] = 0.0
+    w[1, :64] = torch.linspace(-3e-5, 3e-5, 64)  # float16 subnormals (below 6.1e-5)
+    return w.half()
 
 
-def test_every_kernel_layout_has_a_prefill_kernel():
+WEIGHTS = {layout: signed_blocks(layout, N, K, i, 1e-2) if layout != "F16" else _f16_weight() for i, layout in enumerate(PREFILL_LAYOUTS)}
+
+
+def _arg(w) -> torch.Tensor:
+    """What the traced function takes for a weight: a quantized one's blocks, a plain one itself."""
+    return w.blocks if isinstance(w, QuantizedTensor) else w
+
+
+def _with(w, arg):
+    return w.with_blocks(arg) if isinstance(w, QuantizedTensor) else arg
+
+
+def _dense(w) -> torch.Tensor:
+    return w.dequantize() if isinstance(w, QuantizedTensor) else w.float()
+
+
+def test_every_kernel_layout_and_float16_have_a_prefill_kernel():
+    assert "F16" in KERNELS
     assert PREFILL_LAYOUTS == sorted(KERNELS), "a layout with a decode kernel and no prefill kernel keeps prompts on the dense product"
+
+
+def test_float16_weights_are_passed_as_they_are():
+    """The F16 dispatch takes the weight itself (a view of other bytes would be a copy in
+    IREE), and its eager form gives the weight back exactly; other plain weights have none."""
+    w = WEIGHTS["F16"]
+    weights, operand = prefill_weights(w)
+    assert weights is PREFILL_WEIGHTS["F16"] and operand is w
+    assert torch.equal(weights.dense(operand), w.float())
+    assert prefill_weights(torch.randn(N, K)) is None and prefill_weights(torch.randn(N, K).bfloat16()) is None
+    assert prefill_weights(torch.randn(N, 1000).half()) is None  # K not a multiple of 32
 
 
 @pytest.fixture(scope="module")
 def compiled():
     def products(x, *blocks):
-        return tuple(prefill_product(x, WEIGHTS[layout].with_blocks(b)).float() for layout, b in zip(PREFILL_LAYOUTS, blocks))
+        return tuple(prefill_product(x, _with(WEIGHTS[layout], b)).float() for layout, b in zip(PREFILL_LAYOUTS, blocks))
 
     x = torch.randn(64, K).bfloat16()
-    blocks = [WEIGHTS[layout].blocks for layout in PREFILL_LAYOUTS]
+    blocks = [_arg(WEIGHTS[layout]) for layout in PREFILL_LAYOUTS]
     rows = torch.export.Dim("rows", min=1, max=512)
     program = export_function(products, (x, *blocks), dynamic_shapes=({0: rows}, *[None] * len(blocks)))
     mlir = str(program.mlir_module)
@@ -75,8 +111,8 @@ def compiled():
 def test_the_program_calls_every_prefill_dispatch(compiled):
     mlir, _, _ = compiled
     for layout in PREFILL_LAYOUTS:
-        assert f"@{prefill.function_prefix(KERNELS[layout])}{N}x{K}" in mlir
-    assert kernels_in(mlir) == sorted(f"{KERNELS[layout].name}_prefill" for layout in PREFILL_LAYOUTS)
+        assert f"@{prefill.function_prefix(PREFILL_WEIGHTS[layout])}{N}x{K}" in mlir
+    assert kernels_in(mlir) == sorted(f"{layout.lower()}_prefill" for layout in PREFILL_LAYOUTS)
 
 
 @needs_bf16
@@ -88,19 +124,19 @@ def test_compiled_prefill_products_match_float64(compiled, m):
     for layout, out in zip(PREFILL_LAYOUTS, outs):
         got = torch.from_numpy(np.asarray(out.to_host())).double()
         assert got.shape == (m, N)
-        dense = WEIGHTS[layout].dequantize().double()
+        dense = _dense(WEIGHTS[layout]).double()
         rounded = x.double() @ dense.bfloat16().double().T
         exact = x.double() @ dense.T
         scale = exact.abs().max()
         assert ((got - rounded).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: not the bfloat16 operands' product"
         assert ((got - exact).abs().max() / scale).item() <= 8e-3, f"{layout} M={m}: further from the true product than bfloat16 rounding"
-        eager = PREFILLS[layout](x.bfloat16(), WEIGHTS[layout].blocks.view(torch.int8)).double()
+        eager = PREFILLS[layout](x.bfloat16(), prefill_weights(WEIGHTS[layout])[1]).double()
         assert ((got - eager).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: compiled and eager differ"
 
 
 @needs_bf16
 def test_prefill_refusals_keep_the_dense_product():
-    kernel = KERNELS["Q4_K"]
+    kernel = KERNELS["Q4_K"].prefill
     assert "N a multiple of 32, found N=80" in prefill.refusal(kernel, 80, 1280)
     assert "K a multiple of 256, found K=1000" in prefill.refusal(kernel, 96, 1000)
     assert prefill.refusal(kernel, 96, 1280) is None
@@ -123,6 +159,28 @@ def test_decode_rows_take_the_decode_kernels_and_more_the_prefill_ones():
     mlir = str(export_function(fn, (torch.randn(8, K).bfloat16(), torch.randn(9, K).bfloat16())).mlir_module)
     assert "@sharktank_q8_0_product_8x96x1280" in mlir and "@sharktank_q8_0_prefill_96x1280" in mlir
     assert "sharktank_q8_0_product_9x" not in mlir
+
+
+@needs_bf16
+def test_float16_weights_take_the_decode_kernel_for_8_rows_and_the_prefill_dispatch_for_more():
+    """A plain float16 weight through ops.linear under BlockProducts: a static 8 rows take the
+    F16 decode kernel, 9 rows the F16 prefill dispatch, so that no dense product reads the
+    weight; --exact-prompts keeps a float16 prompt's dense product."""
+    from sharktank import ops
+
+    w = WEIGHTS["F16"]
+
+    def fn(x8, x9, kernels=BlockProducts()):
+        with ops.block_kernels(kernels):
+            return ops.linear(x8, w), ops.linear(x9, w)
+
+    args = (torch.randn(8, K).half(), torch.randn(9, K).half())
+    mlir = str(export_function(fn, args, strict=False).mlir_module)
+    assert mlir.count(f"call @sharktank_f16_prefill_{N}x{K}(") == 1, "one call, for the 9 rows"
+    assert mlir.count(f"call @sharktank_f16_product_8x{N}x{K}_f32_to_f16(") == 1, "one call, for the 8 rows"
+    assert kernels_in(mlir) == ["f16", "f16_prefill"]
+    exact = str(export_function(lambda a, b: fn(a, b, BlockProducts(CpuKernels(exact_prompts=True))), args, strict=False).mlir_module)
+    assert kernels_in(exact) == ["f16"]
 
 
 @needs_bf16

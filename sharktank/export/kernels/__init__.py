@@ -3,15 +3,16 @@ decode step's attention over a cache (:func:`decode_attention`) or through a pag
 a pool of pages (:func:`paged_decode_attention`), both :mod:`.attention`.
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
-``x @ w.T`` with a weight of a layout in :data:`.registry.KERNELS` becomes one call of that
-layout's dispatch (a file per layout, e.g. :mod:`.q8_0`, in the frame of
+``x @ w.T`` with a weight of a layout in :data:`.registry.KERNELS` (or a plain float16
+weight: :mod:`.f16`) becomes one call of that layout's dispatch (a file per layout, e.g. :mod:`.q8_0`, in the frame of
 :mod:`.product_dispatch`, itself in :mod:`.frame`, written with :mod:`.mlir`); other layouts
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
 form. The float-x kernel (Q8_0) takes x as float32; the int16-x kernels (the legacy 32-value
 layouts, :mod:`.block32`, and the K-quants) take it rounded to 16-bit integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's)
 for exact integer dot products with AVX512-VNNI, which is what lets them read the weights at
-about the machine's bandwidth. Imports iree-turbine (the custom op) only when a product is
-traced.
+about the machine's bandwidth. A prompt's products (more rows) take the prefill dispatch
+(:func:`prefill_product`, :mod:`.prefill`) for those layouts and for plain float16 weights
+(:mod:`.f16`). Imports iree-turbine (the custom op) only when a product is traced.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import dataclasses
 import torch
 
 from ...types import QuantizedTensor
+from .block_kernel import BlockKernel
 from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "prefill_product", "BlockProducts", "CpuKernels", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
+__all__ = ["block_product", "kernel_of", "prefill_product", "prefill_weights", "BlockProducts", "CpuKernels", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
 
 _ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names (attention's)
     "decode_attention": "@sharktank_decode_attention_",
@@ -65,17 +67,32 @@ def kernels_for(target: str, target_arch: str | None, *, exact_prompts: bool = F
     return None
 
 
-def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = None) -> torch.Tensor | None:
-    """``x @ w.T`` (``x`` ``[..., K]``, ``w`` quantized ``[N, K]``) as a kernel call, or None
-    where there is no kernel for ``w``'s layout, ``x``'s dtype or the shape (a generator
-    refuses one whose scratch would not fit a dispatch's stack), or the host CPU lacks the
-    instructions a kernel needs (:data:`INTEGER_DOT`). ``rounded``: where given, x's int16
-    rounding per (x, layout), made once and shared by the products that take the same x."""
+def kernel_of(w: torch.Tensor) -> tuple[BlockKernel, torch.Tensor] | None:
+    """The kernel of ``w`` and the weight operand it takes, or None: a quantized weight of a
+    layout in :data:`.registry.KERNELS` (its blocks as int8), or a plain 2-D float16 weight
+    whose K divides into blocks (``F16``, :mod:`.f16`: the weight itself)."""
+    if isinstance(w, QuantizedTensor):
+        kernel = KERNELS.get(w.layout.name)
+        return None if kernel is None else (kernel, w.blocks.view(torch.int8))
+    kernel = KERNELS["F16"]
+    if w.dtype == torch.float16 and w.ndim == 2 and w.shape[1] % kernel.block_size == 0:
+        return kernel, w
+    return None
+
+
+def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None) -> torch.Tensor | None:
+    """``x @ w.T`` (``x`` ``[..., K]``, ``w`` ``[N, K]`` quantized or plain float16) as a kernel
+    call, or None where there is no kernel for ``w`` (:func:`kernel_of`), ``x``'s dtype or the
+    shape (a generator refuses one whose scratch would not fit a dispatch's stack), or the
+    host CPU lacks the instructions a kernel needs (:data:`INTEGER_DOT`). ``rounded``: where
+    given, x's int16 rounding per (x, layout), made once and shared by the products that take
+    the same x."""
     from .custom_op import ELEMENT_TYPES, PRODUCTS, ROUNDINGS
 
-    kernel = KERNELS.get(w.layout.name)
-    if kernel is None or x.dtype not in ELEMENT_TYPES:
+    found = kernel_of(w)
+    if found is None or x.dtype not in ELEMENT_TYPES:
         return None
+    kernel, operand = found
     n, k = w.shape
     x2 = x.reshape(-1, k)
     integer = kernel.int16_x
@@ -86,43 +103,60 @@ def block_product(x: torch.Tensor, w: QuantizedTensor, rounded: dict | None = No
     out = ELEMENT_TYPES[x.dtype]
     if kernel.refusal(x2.shape[0], n, k, "i16" if integer else "f32", out) is not None:
         return None
+    name = kernel.layout_name
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
         if rounded is None:
-            x16 = ROUNDINGS[w.layout.name](x2)
+            x16 = ROUNDINGS[name](x2)
         else:
-            key = (id(x), w.layout.name)
+            key = (id(x), name)
             if key not in rounded:
-                rounded[key] = (x, ROUNDINGS[w.layout.name](x2))  # holds x, so that its id stays its own
+                rounded[key] = (x, ROUNDINGS[name](x2))  # holds x, so that its id stays its own
             x16 = rounded[key][1]
-        y = PRODUCTS[w.layout.name](*x16, w.blocks.view(torch.int8), out)
+        y = PRODUCTS[name](*x16, operand, out)
     else:
         # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x
         # again (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32
         # x). The conversion is elementwise on x, which IREE fuses into its producer.
-        y = PRODUCTS[w.layout.name](x2.float(), w.blocks.view(torch.int8), out)
+        y = PRODUCTS[name](x2.float(), operand, out)
     return y.reshape(*x.shape[:-1], n)
 
 
 _PREFILL_X = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def prefill_product(x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
+def prefill_weights(w: torch.Tensor):
+    """How the prefill dispatch reads ``w`` (a :class:`.prefill.PrefillWeights`) and the
+    operand it passes (:func:`kernel_of`), or None: no kernel, or one that does not say its
+    values."""
+    from .registry import PREFILLS
+
+    found = kernel_of(w)
+    if found is None or found[0].layout_name not in PREFILLS:
+        return None
+    return PREFILLS[found[0].layout_name], found[1]
+
+
+def prefill_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """``x @ w.T`` for a prompt's rows (``x`` ``[..., K]``, any number of rows, symbolic
-    included) as one call of the layout's prefill dispatch (:mod:`.prefill`: tiles of the
-    weight dequantized to bfloat16 and reused by every row, ``vdpbf16ps``), or None where it
-    does not apply: no such dispatch for the layout, a shape :func:`.prefill.refusal` refuses,
-    x not float32/bfloat16/float16, or a host CPU without AVX512-BF16 (:data:`BF16_DOT`).
-    x is rounded to bfloat16 (the module's numerics note), the result returned in x's dtype."""
+    included) as one call of the prefill dispatch (:mod:`.prefill`: tiles of the weight
+    converted to bfloat16 and reused by every row, ``vdpbf16ps``), or None where it does not
+    apply: ``w`` neither quantized in a layout with such a dispatch nor plain float16
+    (:func:`prefill_weights`), a shape :func:`.prefill.refusal` refuses, x not
+    float32/bfloat16/float16, or a host CPU without AVX512-BF16 (:data:`BF16_DOT`). x is
+    rounded to bfloat16 (the module's numerics note), the result returned in x's dtype."""
     from . import prefill
     from .custom_op import PREFILLS
 
-    kernel = KERNELS.get(w.layout.name)
-    if kernel is None or w.layout.name not in PREFILLS or x.dtype not in _PREFILL_X or not BF16_DOT:
+    if x.dtype not in _PREFILL_X or not BF16_DOT:
         return None
+    found = prefill_weights(w)
+    if found is None:
+        return None
+    weights, operand = found
     n, k = w.shape
-    if prefill.refusal(kernel, n, k) is not None:
+    if prefill.refusal(weights, n, k) is not None:
         return None
-    y = PREFILLS[w.layout.name](x.reshape(-1, k).to(torch.bfloat16), w.blocks.view(torch.int8))
+    y = PREFILLS[weights.what](x.reshape(-1, k).to(torch.bfloat16), operand)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
 
@@ -202,17 +236,18 @@ def _static_rows(x: torch.Tensor) -> int | None:
 
 
 class BlockProducts:
-    """The kernel ``ops.block_kernels`` takes, for one traced program: :func:`block_product`
-    for a static number of rows up to :data:`DECODE_ROWS`, :func:`prefill_product` for more
-    or a symbolic number (for bfloat16 x only where ``choice.exact_prompts``). The decode
-    products of one x with weights of one int16-x layout (q, k; gate, up) share one rounding
-    of x. One per trace: it holds each x it has rounded."""
+    """The kernel ``ops.block_kernels`` takes, for one traced program, for quantized and plain
+    float16 weights: :func:`block_product` for a static number of rows up to
+    :data:`DECODE_ROWS`, :func:`prefill_product` for more or a symbolic number. Where
+    ``choice.exact_prompts``, a prompt's x other than bfloat16 keeps the dense product. The
+    decode products of one x with weights of one int16-x layout (q, k; gate, up) share one
+    rounding of x. One per trace: it holds each x it has rounded."""
 
     def __init__(self, choice: CpuKernels | None = None):
         self._rounded: dict = {}
         self._exact_prompts = choice is not None and choice.exact_prompts
 
-    def __call__(self, x: torch.Tensor, w: QuantizedTensor) -> torch.Tensor | None:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
         rows = _static_rows(x)
         if rows is not None and rows <= DECODE_ROWS:
             return block_product(x, w, self._rounded)
@@ -224,9 +259,11 @@ class BlockProducts:
 def kernels_in(mlir: str) -> list[str]:
     """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
     the registered layouts of its decode products (lower case, e.g. ``q8_0``), of its prompt
-    products (``q8_0_prefill``), ``decode_attention`` and ``paged_decode_attention``."""
+    products (``q8_0_prefill``; ``f16`` and ``f16_prefill`` for plain float16 weights),
+    ``decode_attention`` and ``paged_decode_attention``."""
     from . import prefill
+    from .registry import PREFILLS
 
     found = [kernel.name for kernel in KERNELS.values() if f"@{kernel.function_prefix}" in mlir]
-    found += [f"{kernel.name}_prefill" for kernel in KERNELS.values() if f"@{prefill.function_prefix(kernel)}" in mlir]
+    found += [f"{weights.name}_prefill" for weights in PREFILLS.values() if f"@{prefill.function_prefix(weights)}" in mlir]
     return sorted(found + [name for name, prefix in _ATTENTION_PREFIXES.items() if prefix in mlir])

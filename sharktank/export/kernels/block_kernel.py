@@ -3,6 +3,7 @@ its workgroups tile the weight rows, the x it takes, and the checks that say whe
 fits (:meth:`BlockKernel.refusal`), from which the block product, its custom op, the
 manifest's ``cpu_kernels`` and the fit checks are all derived (:mod:`.registry`).
 
+The weight is a layout's blocks as stored, or a plain float16 weight as it is (:mod:`.f16`).
 x is float (``f32``, ``bf16``, ``f16``), or 16-bit integers (``i16``, :mod:`.int16_x`, as two
 int8 planes) with each group of :data:`GROUP` values' scale and sums as two more operands.
 """
@@ -12,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from ...types.quantized import LAYOUTS, BlockLayout
+import torch
+
+from ...types.quantized import LAYOUTS, BlockLayout, QuantizedTensor
 
 if TYPE_CHECKING:
     from .mlir import Value
+    from .prefill import PrefillWeights
     from .product_dispatch import Block
 
 __all__ = ["BlockKernel", "GROUP", "Int16X", "RESULT_TYPES", "STACK_BYTES", "X_CHUNK_BYTES", "result_type"]
@@ -57,7 +61,7 @@ class BlockKernel:
     (:class:`~.product_dispatch.Block`), adding into ``accumulators`` (float32 vectors of those
     lanes, per row of x; the first has ``width`` lanes)."""
 
-    layout_name: str  # as in types.LAYOUTS: "Q4_K"
+    layout_name: str  # as in types.LAYOUTS: "Q4_K" (a plain weight's type: "F16")
     body: Callable[["Block"], None] = field(compare=False)
     rows_per_workgroup: int = 64
     # Weight rows whose block loops run side by side (sharing x's loads) where one row of x is
@@ -71,16 +75,50 @@ class BlockKernel:
     # ``values(block)``: one block's values as float32 vectors, ``[(first value, vector), ...]``
     # covering the block in order, for the prefill dispatch (:mod:`.prefill`); None: no prefill kernel.
     values: Callable[["Block"], list[tuple[int, "Value"]]] | None = field(default=None, compare=False)
+    # The weight operand: "i8", the layout's blocks [N, K/block_size, block_bytes] (an int8
+    # view of the stored bytes); a float type ("f16"), a plain weight [N, K] as it is, taken
+    # ``plain_block`` values per block (``layout_name`` then names the type: "F16").
+    weight: str = "i8"
+    plain_block: int = 32
 
     def __post_init__(self):
-        if self.layout_name not in LAYOUTS:
+        if self.weight == "i8" and self.layout_name not in LAYOUTS:
             raise ValueError(f"kernel for {self.layout_name}: expected one of the block layouts {sorted(LAYOUTS)}")
+        if self.weight != "i8" and self.weight not in FLOATS:
+            raise ValueError(f"kernel for {self.layout_name}: expected weights of int8 blocks or of {list(FLOATS)}, found {self.weight}")
         if self.rows_per_workgroup % self.rows_at_once:
             raise ValueError(f"{self.layout_name} kernel: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of rows_at_once {self.rows_at_once}")
 
     @property
+    def plain(self) -> bool:
+        """Whether the weight is plain (float, [N, K]) rather than a layout's blocks."""
+        return self.weight != "i8"
+
+    @property
     def layout(self) -> BlockLayout:
+        if self.plain:
+            raise ValueError(f"the {self.layout_name} kernel's weights are plain {self.weight}, not a block layout")
         return LAYOUTS[self.layout_name]
+
+    def weight_shape(self, n: int, k: int) -> tuple[int, ...]:
+        """The weight operand's shape for ``w [n, k]``."""
+        return (n, k) if self.plain else (n, k // self.block_size, self.block_bytes)
+
+    def dense(self, w: torch.Tensor) -> torch.Tensor:
+        """The weight operand ``w`` (:meth:`weight_shape`) as float32 ``[N, K]``, in torch."""
+        if self.plain:
+            return w.float()
+        n, nb, _ = w.shape
+        return QuantizedTensor(self.layout, (n, nb * self.block_size), w.view(torch.uint8)).dequantize(torch.float32)
+
+    @property
+    def prefill(self) -> "PrefillWeights | None":
+        """The weights as the prefill dispatch reads them (:mod:`.prefill`), or None: no ``values``."""
+        if self.values is None:
+            return None
+        from .prefill import PrefillWeights
+
+        return PrefillWeights(self.name, self.layout_name, self.block_size, self.block_bytes, self.values, self.dense, elem=self.weight)
 
     @property
     def name(self) -> str:
@@ -89,11 +127,11 @@ class BlockKernel:
 
     @property
     def block_size(self) -> int:
-        return self.layout.block_size
+        return self.plain_block if self.plain else self.layout.block_size
 
     @property
     def block_bytes(self) -> int:
-        return self.layout.block_bytes
+        return self.plain_block * ELEMENT_BYTES[self.weight] if self.plain else self.layout.block_bytes
 
     @property
     def width(self) -> int:

@@ -5,7 +5,8 @@ a cache or through a page table into a pool of pages (whose page count stays dyn
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
 with its ``stream.executable``); eagerly it is the torch form it replaces, so a model with
 kernels enabled computes the same eagerly as without them. The block-product ops are made
-from the registry: ``sharktank_<layout>_product`` (and ``sharktank_<layout>_x16``).
+from the registry: ``sharktank_<layout>_product`` (and ``sharktank_<layout>_x16``), and
+``sharktank_<weights>_prefill`` per weight the prefill dispatch reads (``q4_k``, ``f16``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from iree.turbine.runtime.op_reg.impl_helper import TemplateLoader
 from ...types.quantized import QuantizedTensor
 from . import attention, int16_x, prefill, product_dispatch
 from .block_kernel import GROUP, BlockKernel
+from .prefill import PrefillWeights
 from .registry import KERNELS
+from .registry import PREFILLS as PREFILL_WEIGHTS
 
 __all__ = ["DTYPES", "ELEMENT_TYPES", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
 
@@ -45,8 +48,8 @@ def _call(kb: KernelBuilder, name: str, module, **kwargs) -> None:
 
 class _BlockProduct(CustomOp):
     """``x [M, K] @ dequantize(blocks).T`` for ``kernel``'s layout, ``blocks`` ``[N,
-    K/block_size, block_bytes]`` (an int8 view of the stored bytes), in dtype ``y`` ("f32",
-    "bf16", "f16")."""
+    K/block_size, block_bytes]`` (an int8 view of the stored bytes; for a plain weight, the
+    weight [N, K] itself), in dtype ``y`` ("f32", "bf16", "f16")."""
 
     kernel: BlockKernel
 
@@ -58,9 +61,11 @@ class _BlockProduct(CustomOp):
     def select(self, ksel: KernelSelection):
         x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
         kern = self.kernel
+        expected = f"blocks [N, K/{kern.block_size}, {kern.block_bytes}]" if not kern.plain else f"a {kern.weight} weight [N, K]"
         torch._check(
-            x.t.ndim == 2 and blocks.t.ndim == 3 and blocks.t.shape[-1] == kern.block_bytes and x.t.shape[1] == blocks.t.shape[1] * kern.block_size,
-            lambda: f"{kern.layout_name} kernel: expected x [M, K] and blocks [N, K/{kern.block_size}, {kern.block_bytes}], found {list(x.t.shape)} and {list(blocks.t.shape)}",
+            x.t.ndim == 2 and blocks.t.ndim >= 2 and tuple(blocks.t.shape) == kern.weight_shape(blocks.t.shape[0], x.t.shape[1])
+            and (not kern.plain or blocks.t.dtype == DTYPES[kern.weight]),
+            lambda: f"{kern.layout_name} kernel: expected x [M, K] and {expected}, found {list(x.t.shape)} and {list(blocks.t.shape)} ({blocks.t.dtype})",
         )
         x.specialize_all_dims()
         blocks.specialize_all_dims()
@@ -70,6 +75,8 @@ class _BlockProduct(CustomOp):
         return self._product(x, blocks).to(DTYPES[y])
 
     def _product(self, x, blocks):
+        if self.kernel.plain:  # the values as stored times float32 x, summed in float32
+            return x.float() @ blocks.float().T
         n, nb, _ = blocks.shape
         return QuantizedTensor(self.kernel.layout, (n, nb * self.kernel.block_size), blocks.view(torch.uint8)).product(x)
 
@@ -106,34 +113,34 @@ class _Int16BlockProduct(_BlockProduct):
 
 
 class _PrefillProduct(CustomOp):
-    """A prompt's product for ``kernel``'s layout (:mod:`.prefill`): bfloat16 ``x`` [M, K]
-    times the dequantized blocks [N, K/block_size, block_bytes] (int8), as float32 [M, N]; M
-    stays dynamic. Eagerly: the weight's values rounded to bfloat16 as the tile holds them."""
+    """A prompt's product (:mod:`.prefill`): bfloat16 ``x`` [M, K] times the weight read as
+    ``weights`` from its blocks [N, K/block_size, block_bytes] (int8; a plain weight: itself,
+    [N, K]), as float32 [M, N]; M stays dynamic. Eagerly: the weight's values rounded to bfloat16 as the tile holds them."""
 
-    kernel: BlockKernel
+    weights: PrefillWeights
 
     def select(self, ksel: KernelSelection):
         x, blocks = ksel.arg_tensor(0), ksel.arg_tensor(1)
-        kern = self.kernel
+        kern = self.weights
+        dtype = DTYPES.get(kern.elem, torch.int8)
+        expected = f"[N, K/{kern.block_size}, {kern.block_bytes}] {dtype}" if kern.elem == "i8" else f"[N, K] {dtype}"
         torch._check(
-            x.t.ndim == 2 and x.t.dtype == torch.bfloat16 and blocks.t.ndim == 3 and blocks.t.shape[-1] == kern.block_bytes
-            and x.t.shape[1] == blocks.t.shape[1] * kern.block_size,
-            lambda: f"{kern.layout_name} prefill kernel: expected bfloat16 x [M, K] and blocks [N, K/{kern.block_size}, {kern.block_bytes}], "
-            f"found {list(x.t.shape)} ({x.t.dtype}) and {list(blocks.t.shape)}",
+            x.t.ndim == 2 and x.t.dtype == torch.bfloat16 and blocks.t.ndim >= 2 and blocks.t.dtype == dtype
+            and tuple(blocks.t.shape) == kern.weight_shape(blocks.t.shape[0], x.t.shape[1]),
+            lambda: f"{kern.what} prefill kernel: expected bfloat16 x [M, K] and weights {expected}, "
+            f"found {list(x.t.shape)} ({x.t.dtype}) and {list(blocks.t.shape)} ({blocks.t.dtype})",
         )
         x.specialize_dims(1)  # the rows stay dynamic
         blocks.specialize_all_dims()
         ksel.return_new_tensor([x.t.shape[0], blocks.t.shape[0]], torch.float32).specialize_dims(1)
 
     def eager_execute(self, x, blocks):
-        n, nb, _ = blocks.shape
-        w = QuantizedTensor(self.kernel.layout, (n, nb * self.kernel.block_size), blocks.view(torch.uint8)).dequantize(torch.float32)
-        return x.float() @ w.to(torch.bfloat16).float().T
+        return x.float() @ self.weights.dense(blocks).to(torch.bfloat16).float().T
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         x, blocks = ksel.arg_descs[0].t, ksel.arg_descs[1].t
         n, k = blocks.shape[0], x.shape[1]
-        _call(kb, prefill.function_name(self.kernel, n, k), prefill.module_asm, kernel=self.kernel, n=n, k=k)
+        _call(kb, prefill.function_name(self.weights, n, k), prefill.module_asm, kernel=self.weights, n=n, k=k)
 
 
 class _Int16X(CustomOp):
@@ -178,10 +185,13 @@ def _product_op(kernel: BlockKernel):
 # whose kernel takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
 # ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {layout: _product_op(kernel) for layout, kernel in KERNELS.items()}
-PREFILLS = {  # the prompt products: op(x in bfloat16, blocks.view(torch.int8)), for layouts that say their values
-    layout: _register(_PrefillProduct, f"sharktank_{kernel.name}_prefill", "Tensor x, Tensor blocks", "(Tensor)", kernel)
-    for layout, kernel in KERNELS.items()
-    if kernel.values is not None
+PREFILLS = {  # the prompt products: op(x in bfloat16, blocks [N, K/bs, bb] int8 or a plain weight), by registry.PREFILLS's keys
+    what: CustomOp.register()(
+        type(f"sharktank_{weights.name}_prefill", (_PrefillProduct,), {
+            "signature": f"sharktank_{weights.name}_prefill(Tensor x, Tensor blocks) -> (Tensor)", "weights": weights, "__doc__": _PrefillProduct.__doc__,
+        })
+    )
+    for what, weights in PREFILL_WEIGHTS.items()
 }
 ROUNDINGS = {  # x as its int16 kernel takes it
     layout: _register(_Int16X, f"sharktank_{kernel.name}_x16", "Tensor x", "(Tensor, Tensor, Tensor)", kernel)

@@ -23,18 +23,52 @@ Numerics: x and the weights' values rounded to bfloat16 (8 significant bits), th
 exact and summed in float32: what a bfloat16 model's own products do; for a float32 model each
 product moves by about 2^-8 of the sum of its terms' sizes at worst (2e-3 of the largest
 value of a random product, the kernel tests' bound).
+
+What the dispatch reads is a :class:`PrefillWeights`: a quantized layout's (its
+:class:`.BlockKernel`'s :attr:`~.BlockKernel.prefill`), or a plain float16 weight's
+(:data:`.f16.WEIGHTS`: its rows read 32 values at a time).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
-from .block_kernel import BlockKernel
 from .frame import Operand, executable
 from .mlir import Emitter, Value, lanes_of, vector
 from .product_dispatch import Block
 
-__all__ = ["TILE_ROWS", "chunk_values", "function_name", "function_prefix", "module_asm", "refusal"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PrefillWeights", "TILE_ROWS", "chunk_values", "function_name", "function_prefix", "module_asm", "refusal"]
+
+
+@dataclass(frozen=True)
+class PrefillWeights:
+    """A weight as the prefill dispatch reads it: blocks of ``block_size`` values in
+    ``block_bytes`` bytes (``[N, K/block_size, block_bytes]`` int8), whose ``values(block)``
+    are float32 vectors ``[(first value, vector), ...]`` covering the block in order (written
+    with :class:`~.product_dispatch.Block`'s loads); ``dense(blocks)``: the weight as float32
+    ``[N, K]`` in torch (the custom op's eager form). ``name``: lower case, as in function
+    names and the manifest (``q4_k``, ``f16``); ``what``: as messages name it (``Q4_K``)."""
+
+    name: str
+    what: str
+    block_size: int
+    block_bytes: int
+    values: Callable[[Block], list[tuple[int, Value]]] = field(compare=False)
+    dense: Callable[["torch.Tensor"], "torch.Tensor"] = field(compare=False)
+    # The weight operand's element type: "i8", the blocks [N, K/block_size, block_bytes]; a
+    # float type ("f16"), the plain weight [N, K] itself (``values`` loads from it at row,
+    # block * block_size: no view of other bytes, which IREE would materialize as a copy).
+    elem: str = "i8"
+    blocks_per_step: int = 1  # Block's loads take the step's first block
+
+    def weight_shape(self, n: int, k: int) -> tuple[int, ...]:
+        """The weight operand's shape for ``w [n, k]``."""
+        return (n, k) if self.elem != "i8" else (n, k // self.block_size, self.block_bytes)
 
 TILE_ROWS = 32  # weight rows per workgroup: two 16-lane vectors
 HALF = 16  # weight rows per staging pass and transpose
@@ -44,11 +78,11 @@ X_ROWS = 8  # rows of x of one register tile
 SCRATCH_BYTES = 26 * 1024
 
 
-def _stage_bytes(kernel: BlockKernel) -> int:
+def _stage_bytes(kernel: PrefillWeights) -> int:
     return HALF * kernel.block_size * 2
 
 
-def chunk_values(kernel: BlockKernel, k: int) -> int | None:
+def chunk_values(kernel: PrefillWeights, k: int) -> int | None:
     """Values of a row per chunk of K: the largest multiple of the block size (and of 32)
     that divides K and fits the tile beside the staging buffer; None where none does."""
     most = (SCRATCH_BYTES - _stage_bytes(kernel)) // (2 * TILE_ROWS)
@@ -60,12 +94,10 @@ def chunk_values(kernel: BlockKernel, k: int) -> int | None:
     return best
 
 
-def refusal(kernel: BlockKernel, n: int, k: int) -> str | None:
-    """Why the prefill dispatch does not take ``x [M, k] @ w[n, k].T`` for ``kernel``'s layout,
-    or None where it does."""
-    what = f"{kernel.layout_name} prefill kernel"
-    if kernel.values is None:
-        return f"{what}: the layout does not say its values"
+def refusal(kernel: PrefillWeights, n: int, k: int) -> str | None:
+    """Why the prefill dispatch does not take ``x [M, k] @ w[n, k].T`` for weights read as
+    ``kernel``, or None where it does."""
+    what = f"{kernel.what} prefill kernel"
     if n <= 0 or n % TILE_ROWS:
         return f"{what}: expected N a multiple of {TILE_ROWS}, found N={n}"
     if k <= 0 or chunk_values(kernel, k) is None:
@@ -73,30 +105,30 @@ def refusal(kernel: BlockKernel, n: int, k: int) -> str | None:
     return None
 
 
-def function_prefix(kernel: BlockKernel) -> str:
-    """What every prefill function name of ``kernel``'s layout starts with."""
+def function_prefix(kernel: PrefillWeights) -> str:
+    """What every prefill function name of weights read as ``kernel`` starts with."""
     return f"sharktank_{kernel.name}_prefill_"
 
 
-def function_name(kernel: BlockKernel, n: int, k: int) -> str:
+def function_name(kernel: PrefillWeights, n: int, k: int) -> str:
     return f"{function_prefix(kernel)}{n}x{k}"
 
 
 @functools.cache
-def module_asm(kernel: BlockKernel, n: int, k: int) -> str:
+def module_asm(kernel: PrefillWeights, n: int, k: int) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<? x k x bf16>, blocks:
-    tensor<n x k/block_size x block_bytes x i8>) -> tensor<? x n x f32>`` and its dispatch.
+    tensor<n x k/block_size x block_bytes x i8>) -> tensor<? x n x f32>`` and its dispatch,
+    for weights read as ``kernel`` (``w``: :meth:`PrefillWeights.weight_shape`).
     ValueError where :func:`refusal` refuses the shape."""
     why = refusal(kernel, n, k)
     if why:
         raise ValueError(why)
-    nb = k // kernel.block_size
-    inputs = [Operand("x", (None, k), "bf16"), Operand("w", (n, nb, kernel.block_bytes), "i8")]
+    inputs = [Operand("x", (None, k), "bf16"), Operand("w", kernel.weight_shape(n, k), kernel.elem)]
     output = Operand("y", (None, n), "f32")
     return executable(function_name(kernel, n, k), n // TILE_ROWS, inputs, [output], functools.partial(_dispatch, kernel, n, k))
 
 
-def _dispatch(kernel: BlockKernel, n: int, k: int, e: Emitter, wg: Value, views: list[Value]) -> None:
+def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, views: list[Value]) -> None:
     x, w, y = views
     c = e.const
     v16, b32, i16 = vector(16, "f32"), vector(32, "bf16"), vector(16, "i32")

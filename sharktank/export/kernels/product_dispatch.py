@@ -32,7 +32,8 @@ __all__ = ["Block", "module_asm"]
 
 class Block:
     """What a layout's loop body writes with, for one weight row: the emitter ``e``, the
-    weight memref ``w`` indexed ``[row, b, byte]``, the value column ``k`` where block ``b``
+    weight memref ``w`` indexed ``[row, b, byte]`` (a plain weight's: ``[row, value]``,
+    :meth:`plain`), the value column ``k`` where block ``b``
     starts, x's rows ``rows`` (index constants), and the accumulators; with int16 x (``x``:
     its int8 planes) also ``xd``, its groups' scales, and ``xs``, its sums of every
     ``kernel.sum_group`` values."""
@@ -64,6 +65,14 @@ class Block:
         """The ``count`` float16 numbers at ``offset`` of the step's block ``block``, as float32 scalars."""
         f = self.half_vector(offset, count, block)
         return [self.e.extract(f, i, "d") for i in range(count)]
+
+    def plain(self, lanes: int, hint: str = "w") -> Value:
+        """A plain weight's (:attr:`.BlockKernel.plain`) ``lanes`` values from the block's
+        first, widened to float32 (``vector<lanes x f32>``)."""
+        e = self.e
+        col = e.binary("arith.muli", self.b, e.const(self.kernel.block_size), "col")
+        got = e.load(self.w, [self.row, col], vector(lanes, elem_of(self.w.type)), hint)
+        return got if elem_of(self.w.type) == "f32" else e.cast("arith.extf", got, vector(lanes, "f32"), hint)
 
     def half_vector(self, offset: int, count: int, block: int = 0) -> Value:
         """(vector<count x f32>) the ``count`` float16 numbers at ``offset`` of the step's block ``block``."""
@@ -126,10 +135,9 @@ class Block:
 
 
 def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str) -> tuple[list[Operand], Operand]:
-    nb = k // kernel.block_size
     x = Operand("x", (m, 2 * k), "i8") if elem == "i16" else Operand("x", (m, k), elem)  # int16 x: its two int8 planes
     groups = [Operand("xd", (m, k // GROUP), "f32"), Operand("xs", (m, k // kernel.sum_group), "f32")] if elem == "i16" else []
-    return [x, *groups, Operand("w", (n, nb, kernel.block_bytes), "i8")], Operand("y", (m, n), y)
+    return [x, *groups, Operand("w", kernel.weight_shape(n, k), kernel.weight)], Operand("y", (m, n), y)
 
 
 # Cached: the custom op builds a shape's module once per trace that takes it.

@@ -2,17 +2,20 @@
 the kernels is derived from this table: the custom ops (:mod:`.custom_op`), which layouts
 :func:`~sharktank.export.kernels.block_product` takes and whether a shape fits
 (:meth:`.BlockKernel.refusal`), and the manifest's ``cpu_kernels``
-(:func:`~sharktank.export.kernels.kernels_in`).
+(:func:`~sharktank.export.kernels.kernels_in`); and :data:`PREFILLS`, the weights a prompt's
+product reads in the prefill dispatch (:mod:`.prefill`): each kernel's that says its values.
+Besides the quantized layouts, plain float16 weights have a kernel (``F16``, :mod:`.f16`).
 
 Adding a layout: a file with its loop body and its :class:`.BlockKernel`, and its line here.
 """
 
 from __future__ import annotations
 
-from . import q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from . import f16, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 from .block_kernel import BlockKernel
+from .prefill import PrefillWeights
 
-__all__ = ["KERNELS", "LAYOUTS"]
+__all__ = ["KERNELS", "LAYOUTS", "PREFILLS"]
 
 
 def _table(*kernels: BlockKernel) -> dict[str, BlockKernel]:
@@ -31,5 +34,8 @@ KERNELS: dict[str, BlockKernel] = _table(
     q4_k.KERNEL,
     q5_k.KERNEL,
     q6_k.KERNEL,
+    f16.KERNEL,
 )
-LAYOUTS = tuple(KERNELS)  # the block layouts that have a kernel
+LAYOUTS = tuple(name for name, kernel in KERNELS.items() if not kernel.plain)  # the block layouts that have a kernel
+# The prefill dispatch's weights by KERNELS's keys ("Q4_K"; "F16" for plain float16 weights).
+PREFILLS: dict[str, PrefillWeights] = {name: kernel.prefill for name, kernel in KERNELS.items() if kernel.prefill is not None}

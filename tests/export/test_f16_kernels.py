@@ -1,0 +1,83 @@
+"""The plain float16 weights' decode kernel (export/kernels/f16 in the frame of
+product_dispatch), compiled, against float64 products: x of 1, 3 and 8 rows in float32,
+bfloat16 and float16, times N = 71 weight rows (a workgroup of 64 and an odd remainder) of K =
+4608 (one float32 row of x is 18 KiB, past X_CHUNK_BYTES: one row takes the rows-at-once path),
+the weight's values of both signs, zeros and float16 subnormals among them.
+
+The kernel multiplies the weight's values as stored with x widened to float32 and sums in
+float32, so the only error is float32 summation (1e-5 of the largest value) and, for a half
+result, its rounding (2^-8 of each value for bfloat16, 2^-11 for float16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sharktank.export import compile_mlir, export_function
+from sharktank.export.kernels import KERNELS, block_product, kernel_of, kernels_in
+from sharktank.export.kernels.block_kernel import X_CHUNK_BYTES
+from sharktank.runtime import Session
+
+N, K = 71, 4608
+ROWS = (1, 3, 8)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CASES = [(m, dtype) for m in ROWS for dtype in DTYPES]
+ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def _weight() -> torch.Tensor:
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(7)) * 0.05
+    w[0] = 0.0
+    w[1, :128] = torch.linspace(-5e-5, 5e-5, 128)  # float16 subnormals (below 6.1e-5)
+    return w.half()
+
+
+W = _weight()
+XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in ROWS}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    def products(w, *xs):
+        return tuple(block_product(x.to(dtype), w).float() for x, (m, dtype) in zip((xs[ROWS.index(m)] for m, _ in CASES), CASES))
+
+    args = (W, *XS.values())
+    mlir = str(export_function(products, args).mlir_module)
+    session = Session(compile_mlir(mlir, 1), 1)
+    results = session.call("main", [a.numpy() for a in args], [0] * len(args))
+    return mlir, {case: torch.from_numpy(np.asarray(r)) for case, r in zip(CASES, results, strict=True)}
+
+
+def test_the_weight_is_the_operand_and_one_row_goes_with_several_weight_rows():
+    kernel, operand = kernel_of(W)
+    assert kernel is KERNELS["F16"] and operand is W
+    assert K * 4 > X_CHUNK_BYTES and kernel.rows_together(1, K, "f32") == kernel.rows_at_once > 1
+    assert kernel_of(W.float()) is None and kernel_of(W[:, :100]) is None  # float32; K not a multiple of 32
+
+
+def test_every_case_calls_the_f16_kernel(compiled):
+    mlir, _ = compiled
+    assert kernels_in(mlir) == ["f16"]
+    for m, dtype in CASES:
+        out = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+        assert f"@{KERNELS['F16'].function_name(m, N, K, 'f32', out)}(" in mlir
+
+
+@pytest.mark.parametrize("m, dtype", CASES, ids=[f"m{m}-{str(d).split('.')[-1]}" for m, d in CASES])
+def test_compiled_f16_products_match_float64(compiled, m, dtype):
+    _, results = compiled
+    got = results[(m, dtype)].double()
+    want = XS[m].to(dtype).double() @ W.double().T
+    assert got.shape == (m, N)
+    scale = want.abs().max()
+    err = (got - want).abs()
+    bound = 1e-5 * scale + ROUNDING[dtype] * want.abs()
+    assert bool((err <= bound).all()), f"max |error| / max |y| = {(err.max() / scale).item():.3g}"
+    assert bool((got[:, 0] == 0).all()), "a zero weight row gives exactly 0"
+
+
+def test_eager_form_is_the_float32_product():
+    got = block_product(XS[3], W)  # not traced: the custom op's eager form
+    want = XS[3].double() @ W.double().T
+    assert got.dtype == torch.float32 and ((got.double() - want).abs().max() / want.abs().max()).item() <= 1e-6
