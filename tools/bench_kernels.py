@@ -1,11 +1,11 @@
 """Decode-shaped block products through the CPU kernels (``export.kernels.block_product``),
 one layout at a time: ``--weights`` random weights of ``--shape NxK`` (float16 scales within
-+-1e-3) in one compiled function with one row of float32 x (their products summed), so that
-each call reads every weight once, as a decode step does. Printed per layout: us per product
++-1e-3) in one compiled function with ``--rows`` rows of float32 x (default 1; their products
+summed), so that each call reads every weight once, as a decode step does. Printed per layout: us per product
 (median over rounds, and the range), the block bytes read per second, and the result's
 largest error against float64 ``x @ dequantize(w).T`` relative to its largest value.
 
-    python tools/bench_kernels.py [--shape 2048x2048] [--layouts Q4_0,Q4_1,Q4_K] [--rounds 5]
+    python tools/bench_kernels.py [--shape 2048x2048] [--layouts Q4_0,Q4_1,Q4_K] [--rows 1] [--rounds 5]
         [--against CHECKOUT]
 
 ``--against CHECKOUT``: the same measurement of another checkout's kernels (its ``sharktank``
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 
-def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int) -> list[str]:
+def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int, rows: int = 1) -> list[str]:
     from sharktank.export import compile_mlir, export_function
     from sharktank.export.compile import QUANTIZED_FLAGS
     from sharktank.export.kernels import block_product
@@ -51,7 +51,7 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
                 raise SystemExit(f"{lay.name} {n}x{k}: no kernel takes this product here")
             return sum(ys[1:], ys[0])
 
-        x = torch.randn(1, k, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0))
         session = Session(compile_mlir(str(export_function(fn, (x, *blocks)).mlir_module), 1, extra=QUANTIZED_FLAGS), 1)
         args = [session.place(x.numpy(), 0)] + [session.place(b.numpy(), 0) for b in blocks]
         want = sum(x.double() @ QuantizedTensor(lay, (n, k), b).dequantize().double().T for b in blocks).numpy()
@@ -69,7 +69,7 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
     for name in layouts:
         t, (_, _, err, nbytes) = times[name][1:], cases[name]
         med = statistics.median(t)
-        lines.append(f"{name} {n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
+        lines.append(f"{name} {rows}x{n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
     return lines
 
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="2048x2048", help="NxK of each weight (default 2048x2048)")
     parser.add_argument("--layouts", default="Q4_0,Q4_1,Q5_0,Q5_1,Q4_K", help="comma-separated block layouts (default Q4_0,Q4_1,Q5_0,Q5_1,Q4_K)")
+    parser.add_argument("--rows", type=int, default=1, help="rows of x (default 1: a decode step; up to 8: a serving batch's)")
     parser.add_argument("--weights", type=int, default=8, help="weights per function, read in turn (default 8)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up (default 5)")
     parser.add_argument("--calls", type=int, default=20, help="calls per layout and round (default 20)")
@@ -89,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shape: expected NxK, found {args.shape!r}")
     layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
     if args.against is None:
-        for line in measure(n, k, layouts, args.weights, args.rounds, args.calls):
+        for line in measure(n, k, layouts, args.weights, args.rounds, args.calls, args.rows):
             print(line, flush=True)
         return 0
     if not (args.against / "sharktank" / "__init__.py").is_file():
         parser.error(f"--against: expected a checkout holding sharktank/__init__.py, found {args.against}")
     here = Path(__file__).resolve().parent.parent
     child = [sys.executable, str(Path(__file__).resolve()), "--shape", args.shape, "--layouts", ",".join(layouts),
-             "--weights", str(args.weights), "--rounds", str(args.rounds), "--calls", str(args.calls)]
+             "--weights", str(args.weights), "--rounds", str(args.rounds), "--calls", str(args.calls), "--rows", str(args.rows)]
     for pair in range(args.pairs):
         for side, root in (("this", here), ("against", args.against.resolve())):
             env = {**os.environ, "PYTHONPATH": str(root)}

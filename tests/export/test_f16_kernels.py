@@ -17,6 +17,7 @@ import torch
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.kernels import KERNELS, block_product, kernel_of, kernels_in
 from sharktank.export.kernels.block_kernel import X_CHUNK_BYTES
+from sharktank.export.kernels.custom_op import PRODUCTS
 from sharktank.runtime import Session
 
 N, K = 71, 4608
@@ -40,13 +41,17 @@ XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in 
 @pytest.fixture(scope="module")
 def compiled():
     def products(w, *xs):
-        return tuple(block_product(x.to(dtype), w).float() for x, (m, dtype) in zip((xs[ROWS.index(m)] for m, _ in CASES), CASES))
+        through = tuple(block_product(x.to(dtype), w).float() for x, (m, dtype) in zip((xs[ROWS.index(m)] for m, _ in CASES), CASES))
+        # block_product hands the kernel float32 x; it also takes half x directly (widened per load).
+        direct = tuple(PRODUCTS["F16"](xs[1].to(dtype), w, "f32") for dtype in (torch.bfloat16, torch.float16))
+        return through + direct
 
     args = (W, *XS.values())
     mlir = str(export_function(products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1), 1)
     results = session.call("main", [a.numpy() for a in args], [0] * len(args))
-    return mlir, {case: torch.from_numpy(np.asarray(r)) for case, r in zip(CASES, results, strict=True)}
+    keys = CASES + [(3, torch.bfloat16, "direct"), (3, torch.float16, "direct")]
+    return mlir, {case: torch.from_numpy(np.asarray(r)) for case, r in zip(keys, results, strict=True)}
 
 
 def test_the_weight_is_the_operand_and_one_row_goes_with_several_weight_rows():
@@ -75,6 +80,16 @@ def test_compiled_f16_products_match_float64(compiled, m, dtype):
     bound = 1e-5 * scale + ROUNDING[dtype] * want.abs()
     assert bool((err <= bound).all()), f"max |error| / max |y| = {(err.max() / scale).item():.3g}"
     assert bool((got[:, 0] == 0).all()), "a zero weight row gives exactly 0"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_x_taken_directly_matches_float64(compiled, dtype):
+    mlir, results = compiled
+    elem = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    assert f"@{KERNELS['F16'].function_name(3, N, K, elem, 'f32')}(" in mlir
+    want = XS[3].to(dtype).double() @ W.double().T
+    err = (results[(3, dtype, "direct")].double() - want).abs().max() / want.abs().max()
+    assert err.item() <= 1e-5, f"max |error| / max |y| = {err.item():.3g}"
 
 
 def test_eager_form_is_the_float32_product():
