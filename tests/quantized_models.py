@@ -28,14 +28,14 @@ def _k_blocks(name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
     n = rows * cols // layout.block_size
     raw = rng.integers(0, 256, size=(n, layout.block_bytes), dtype=np.uint8)
     scale = {"Q4_K": 2e-4, "Q6_K": 3e-5}[name]
-    for off in {"Q4_K": (0, 2), "Q6_K": (208,)}[name]:  # d (and dmin) as float16 bytes
+    for off in {"Q4_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,)}[name]:  # d (and dmin) as float16 bytes
         d = (rng.uniform(0.5, 1.0, n) * scale).astype(np.float16)
         raw[:, off : off + 2] = np.frombuffer(d.tobytes(), np.uint8).reshape(n, 2)
     return torch.from_numpy(raw)
 
 
 # Where each layout's blocks hold float16 numbers: d (and dmin, or m), as byte offsets.
-SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,)}
 
 
 def signed_blocks(layout: str, n: int, k: int, seed: int, scale: float) -> QuantizedTensor:

@@ -4,6 +4,8 @@ one layout at a time: ``--weights`` random weights of ``--shape NxK`` (float16 s
 summed), so that each call reads every weight once, as a decode step does. Printed per layout: us per product
 (median over rounds, and the range), the block bytes read per second, and the result's
 largest error against float64 ``x @ dequantize(w).T`` relative to its largest value.
+``--torch-form``: each layout's same function through the torch form too (``ops.matmul``
+without kernels: what a CPU without the kernels' instructions compiles), timed in the same rounds.
 
     python tools/bench_kernels.py [--shape 2048x2048] [--layouts Q4_0,Q4_1,Q4_K] [--rows 1] [--rounds 5]
         [--against CHECKOUT]
@@ -28,7 +30,12 @@ import numpy as np
 import torch
 
 
-def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int, rows: int = 1) -> list[str]:
+# Where a block's float16 scales are (d, and dmin or m), where not its first 4 bytes.
+SCALES_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q6_K": (208,), "Q3_K": (108,), "Q2_K": (80, 82)}
+
+
+def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int, rows: int = 1, torch_form: bool = False) -> list[str]:
+    from sharktank import ops
     from sharktank.export import compile_mlir, export_function
     from sharktank.export.compile import QUANTIZED_FLAGS
     from sharktank.export.kernels import block_product
@@ -42,7 +49,8 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
         blocks = []
         for _ in range(weights):
             raw = rng.integers(0, 256, size=(n, k // lay.block_size, lay.block_bytes), dtype=np.uint8)
-            raw[..., :4] = (rng.uniform(-1, 1, (n, k // lay.block_size, 2)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, -1, 4)
+            for at in SCALES_AT.get(name, (0, 2)):  # the block's float16 scales: none NaN
+                raw[..., at : at + 2] = (rng.uniform(-1, 1, (n, k // lay.block_size, 1)) * 1e-3).astype(np.float16).view(np.uint8)
             blocks.append(torch.from_numpy(raw))
 
         def fn(x, *bs, lay=lay):
@@ -51,25 +59,31 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
                 raise SystemExit(f"{lay.name} {n}x{k}: no kernel takes this product here")
             return sum(ys[1:], ys[0])
 
+        def torch_fn(x, *bs, lay=lay):
+            ys = [ops.matmul(x, QuantizedTensor(lay, (n, k), b), transpose_rhs=True) for b in bs]
+            return sum(ys[1:], ys[0])
+
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0))
-        session = Session(compile_mlir(str(export_function(fn, (x, *blocks)).mlir_module), 1, extra=QUANTIZED_FLAGS), 1)
-        args = [session.place(x.numpy(), 0)] + [session.place(b.numpy(), 0) for b in blocks]
         want = sum(x.double() @ QuantizedTensor(lay, (n, k), b).dequantize().double().T for b in blocks).numpy()
-        got = np.asarray(session.invoke("main", args)[0].to_host())
-        cases[name] = (session, args, float(np.abs(got - want).max() / np.abs(want).max()), n * k // lay.block_size * lay.block_bytes)
-    times = {name: [] for name in layouts}
+        for form, f in [("kernel", fn), ("torch form", torch_fn)][: 2 if torch_form else 1]:
+            mlir = str(export_function(f, (x, *blocks), strict=form == "kernel").mlir_module)  # ops.matmul reads a ContextVar: non-strict
+            session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
+            args = [session.place(x.numpy(), 0)] + [session.place(b.numpy(), 0) for b in blocks]
+            got = np.asarray(session.invoke("main", args)[0].to_host())
+            cases[name, form] = (session, args, float(np.abs(got - want).max() / np.abs(want).max()), n * k // lay.block_size * lay.block_bytes)
+    times = {case: [] for case in cases}
     for _ in range(rounds + 1):  # the first round warms up
-        for name in layouts:
-            session, args, _, _ = cases[name]
+        for case, (session, args, _, _) in cases.items():
             t0 = time.perf_counter()
             for _ in range(calls):
                 session.invoke("main", args)[0].to_host()
-            times[name].append((time.perf_counter() - t0) / calls / weights * 1e6)
+            times[case].append((time.perf_counter() - t0) / calls / weights * 1e6)
     lines = []
-    for name in layouts:
-        t, (_, _, err, nbytes) = times[name][1:], cases[name]
+    for (name, form), (_, _, err, nbytes) in cases.items():
+        t = times[name, form][1:]
         med = statistics.median(t)
-        lines.append(f"{name} {rows}x{n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
+        label = name if form == "kernel" else f"{name} ({form})"
+        lines.append(f"{label} {rows}x{n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
     return lines
 
 
@@ -81,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", type=int, default=8, help="weights per function, read in turn (default 8)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up (default 5)")
     parser.add_argument("--calls", type=int, default=20, help="calls per layout and round (default 20)")
+    parser.add_argument("--torch-form", action="store_true", help="also time each layout's torch form (no kernel) in the same rounds")
     parser.add_argument("--against", type=Path, help="another checkout to measure alternately with this one")
     parser.add_argument("--pairs", type=int, default=2, help="with --against: alternations (default 2)")
     args = parser.parse_args(argv)
@@ -90,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shape: expected NxK, found {args.shape!r}")
     layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
     if args.against is None:
-        for line in measure(n, k, layouts, args.weights, args.rounds, args.calls, args.rows):
+        for line in measure(n, k, layouts, args.weights, args.rounds, args.calls, args.rows, args.torch_form):
             print(line, flush=True)
         return 0
     if not (args.against / "sharktank" / "__init__.py").is_file():
         parser.error(f"--against: expected a checkout holding sharktank/__init__.py, found {args.against}")
     here = Path(__file__).resolve().parent.parent
     child = [sys.executable, str(Path(__file__).resolve()), "--shape", args.shape, "--layouts", ",".join(layouts),
-             "--weights", str(args.weights), "--rounds", str(args.rounds), "--calls", str(args.calls), "--rows", str(args.rows)]
+             "--weights", str(args.weights), "--rounds", str(args.rounds), "--calls", str(args.calls), "--rows", str(args.rows)] + (["--torch-form"] if args.torch_form else [])
     for pair in range(args.pairs):
         for side, root in (("this", here), ("against", args.against.resolve())):
             env = {**os.environ, "PYTHONPATH": str(root)}

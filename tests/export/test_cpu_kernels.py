@@ -22,9 +22,9 @@ from quantized_models import SCALE_OFFSETS, signed_blocks
 
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
-from sharktank.export import kernels
 from sharktank.export.kernels import INTEGER_DOT, KERNELS, BlockProducts, block_product, int16_x, kernels_in
 from sharktank.export.kernels import LAYOUTS as ALL_LAYOUTS
+from sharktank.export.kernels import isa
 from sharktank.export.kernels.block_kernel import GROUP, X_CHUNK_BYTES
 from sharktank.export.kernels.custom_op import PRODUCTS, ROUNDINGS
 from sharktank.export.kernels.product_dispatch import module_asm
@@ -197,7 +197,7 @@ def test_int16_x_dispatch_rounds_x_as_the_torch_scheme(compiled, layout, m, dtyp
     assert not int16_x.dequantized(planes, scales, kernel.int16.order, unit)[:, 65].any()
 
 
-@pytest.mark.skipif(not INTEGER_DOT, reason="the int16-x kernels need AVX512-VNNI (this host lacks it)")
+@pytest.mark.skipif(not INTEGER_DOT, reason="the int16-x kernels need AVX512-VNNI or AVX2 (this host has neither)")
 @pytest.mark.parametrize("shared, rounded", [(True, 2), (False, 3)])
 def test_products_of_one_x_share_its_rounding(shared, rounded):
     layout = INT16_X[0]
@@ -213,13 +213,13 @@ def test_products_of_one_x_share_its_rounding(shared, rounded):
     assert mlir.count(f"util.call @sharktank_{layout.lower()}_product_") == 3
 
 
-def test_int16_x_kernels_need_the_integer_dot(monkeypatch):
+def test_int16_x_kernels_need_an_integer_dot():
     x = XS[1]
-    for integer_dot in (True, False):
-        monkeypatch.setattr(kernels, "INTEGER_DOT", integer_dot)
-        for layout in INT16_X:
-            assert (block_product(x, WEIGHTS[layout]) is None) == (not integer_dot), (layout, integer_dot)
-    assert block_product(x, WEIGHTS["Q8_0"]) is not None  # float x: any x86 CPU
+    for form in (*isa.INT8_DOTS, None):
+        with isa.using(isa.Isa(int8_dot=form)):
+            for layout in INT16_X:
+                assert (block_product(x, WEIGHTS[layout]) is None) == (form is None), (layout, form)
+            assert block_product(x, WEIGHTS["Q8_0"]) is not None  # float x: any x86 CPU
 
 
 def test_shapes_whose_scratch_exceeds_the_stack_keep_the_torch_form():

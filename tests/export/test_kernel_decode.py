@@ -1,10 +1,10 @@
 """The CPU kernels of the layouts added after Q8_0, Q4_K and Q6_K (Q4_0, Q4_1, Q5_0, Q5_1,
-Q5_K) in a whole model: a one-layer Llama whose every 2-D weight takes one of them, exported
+Q5_K, Q3_K) in a whole model: a one-layer Llama whose every 2-D weight takes one of them, exported
 for this CPU (decode's products call the kernels: the manifest's ``cpu_kernels`` says so),
 compiled, and its prefill and decode logits against the eager model's.
 
 The float-x kernels (legacy layouts) differ from eager only in summation order; Q5_K's takes
-x rounded to 16 bits per 32 values (export/kernels/int16_x), as Q4_K's does."""
+x rounded to 16 bits per 32 values (export/kernels/int16_x), as Q4_K's does, and so does Q3_K's."""
 
 from __future__ import annotations
 
@@ -31,14 +31,20 @@ LEGACY = {"q_proj": "Q4_0", "k_proj": "Q4_1", "v_proj": "Q5_0", "o_proj": "Q5_1"
           "down_proj": "Q4_0", "lm_head": "Q5_1", "embed_tokens": "Q8_0"}
 
 
-def _q5_k_blocks(rows: int, cols: int, seed: int) -> torch.Tensor:
-    """Valid Q5_K blocks (gguf has no K-quant quantizer): random values, sub-block scales and
-    mins, with float16 d and dmin of either sign (some 0) for weights of about 0.1."""
+# K-quant blocks the tests draw (gguf has no K-quant quantizer): bytes a block, where its float16
+# scales are, and their size for weights of about 0.1.
+K_BLOCKS = {"Q5_K": (176, (0, 2), 1e-4), "Q3_K": (110, (108,), 8e-4)}
+
+
+def _k_blocks(layout: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Valid blocks of a K-quant layout: random values and sub-block scales (and mins), with
+    float16 scales of either sign (some 0)."""
+    block_bytes, offsets, scale = K_BLOCKS[layout]
     rng = np.random.default_rng(seed)
     n = rows * cols // 256
-    raw = rng.integers(0, 256, size=(n, 176), dtype=np.uint8)
-    for off in (0, 2):
-        d = (rng.choice([-1.0, 0.0, 1.0], n, p=[0.45, 0.1, 0.45]) * rng.uniform(0.5, 1.0, n) * 1e-4).astype(np.float16)
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    for off in offsets:
+        d = (rng.choice([-1.0, 0.0, 1.0], n, p=[0.45, 0.1, 0.45]) * rng.uniform(0.5, 1.0, n) * scale).astype(np.float16)
         raw[:, off : off + 2] = np.frombuffer(d.tobytes(), np.uint8).reshape(n, 2)
     return torch.from_numpy(raw)
 
@@ -49,8 +55,8 @@ def _theta(kind: str) -> Theta:
         if t.ndim != 2:
             continue  # norms stay float32, as in llama.cpp's files
         layout = next(v for k, v in LEGACY.items() if k in name)
-        if kind == "q5_k" and "embed" not in name and "lm_head" not in name:
-            theta[name] = QuantizedTensor("Q5_K", t.shape, _q5_k_blocks(*t.shape, seed=i))
+        if kind in ("q5_k", "q3_k") and "embed" not in name and "lm_head" not in name:
+            theta[name] = QuantizedTensor(kind.upper(), t.shape, _k_blocks(kind.upper(), *t.shape, seed=i))
         else:
             raw = gguf.quants.quantize(t.numpy(), GGMLQuantizationType[layout])
             theta[name] = QuantizedTensor(layout, t.shape, torch.from_numpy(raw.copy()))
@@ -60,6 +66,7 @@ def _theta(kind: str) -> Theta:
 CASES = {  # kind: (the kernels its decode calls, the bound on decode's logits)
     "legacy": (["q4_0", "q4_1", "q5_0", "q5_1"], 1e-4),
     "q5_k": (["q5_1", "q5_k"] if INTEGER_DOT else ["q5_1"], 1e-3),
+    "q3_k": (["q3_k", "q5_1"] if INTEGER_DOT else ["q5_1"], 1e-3),
 }
 
 

@@ -1,6 +1,6 @@
 """Every hand-written dispatch the generators can write, parsed (not compiled) by the MLIR
 parser of the IREE compiler in use: layout x x dtype x rows of x x weight rows at once, x's
-int16 rounding, decode attention. A value defined twice (two bodies, or one body emitted twice,
+int16 rounding, decode attention; the int16-x kernels in every integer dot form (:mod:`.isa`). A value defined twice (two bodies, or one body emitted twice,
 picking the same name) or a type that does not match its use fails the parse, in milliseconds
 a module, where a compile would take seconds."""
 
@@ -12,7 +12,8 @@ import re
 import pytest
 from iree.compiler import ir
 
-from sharktank.export.kernels import KERNELS, LAYOUTS, attention, int16_x, kernels_in
+from sharktank.export.kernels import KERNELS, LAYOUTS, attention, int16_x, isa, kernels_in, prefill
+from sharktank.export.kernels.registry import PREFILLS
 from sharktank.export.kernels.block_kernel import STACK_BYTES, X_CHUNK_BYTES
 from sharktank.export.kernels.mlir import Emitter
 from sharktank.export.kernels.product_dispatch import module_asm
@@ -52,10 +53,26 @@ def test_block_product_parses(context, layout, elem, m, at_once):
     kernel = dataclasses.replace(KERNELS[layout], rows_at_once=at_once)
     k = _k(layout)
     assert kernel.rows_together(m, k, elem) == (at_once if m == 1 else 1)
-    for y in {"f32", "bf16"}:
-        text = module_asm(kernel, m, N, k, elem, y)
-        _names_are_generated(text)
-        _parse(context, text)
+    # The int16-x kernels in each integer dot form (isa.py), whatever this host has.
+    for form in isa.INT8_DOTS if elem == "i16" else (isa.HOST.int8_dot,):
+        with isa.using(isa.Isa(int8_dot=form)):
+            for y in {"f32", "bf16"}:
+                text = module_asm(kernel, m, N, k, elem, y)
+                _names_are_generated(text)
+                _parse(context, text)
+                if elem == "i16":
+                    assert ("avx512.vpdpbusd" in text) == (form == "avx512_vnni") and ("avx2.pmadd" in text) == (form == "avx2")
+
+
+@pytest.mark.parametrize("form", isa.BF16_DOTS)
+@pytest.mark.parametrize("layout", sorted(PREFILLS))
+def test_prefill_product_parses(context, layout, form):
+    weights = PREFILLS[layout]
+    with isa.using(isa.Isa(bf16_dot=form)):
+        text = prefill.module_asm(weights, 64, 4 * max(weights.block_size, 64))
+    _names_are_generated(text)
+    _parse(context, text)
+    assert ("dpbf16ps" in text) == (form == "avx512_bf16")
 
 
 @pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if KERNELS[layout].int16_x])

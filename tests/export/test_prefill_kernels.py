@@ -1,5 +1,5 @@
-"""The prompt-product kernels (export/kernels/prefill: tiles dequantized to bfloat16, ``vdpbf16ps``)
-of every layout that has one, compiled once with a dynamic number of rows and run at 1, 7, 64
+"""The prompt-product kernels (export/kernels/prefill: tiles dequantized to bfloat16, ``vdpbf16ps``
+or its AVX2 form, whichever this host has) of every layout that has one, compiled once with a dynamic number of rows and run at 1, 7, 64
 and 300 rows (a ragged tail of 8, none, a part of a group), against float64 products:
 
 - with the operands the kernel multiplies (x and the dequantized weight rounded to bfloat16),
@@ -24,7 +24,7 @@ from quantized_models import signed_blocks
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, CpuKernels, kernels_in, prefill_product, prefill_weights
-from sharktank.export.kernels import prefill
+from sharktank.export.kernels import isa, prefill
 from sharktank.export.kernels.custom_op import PREFILLS
 from sharktank.export.kernels.registry import PREFILLS as PREFILL_WEIGHTS
 from sharktank.types import QuantizedTensor
@@ -40,18 +40,19 @@ def _cpu_flags() -> set[str]:
         return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
 
 
-def test_bf16_dot_is_the_cpu_s_avx512_bf16_and_without_it_prompts_keep_the_dense_product(monkeypatch):
+def test_bf16_dot_is_the_cpu_s_avx512_bf16_and_without_it_prompts_keep_the_dense_product():
     """The switch against an independent read of the CPU's flags; without it, no prefill
     dispatch (the caller takes the dense product)."""
-    from sharktank.export import kernels
+    flags = _cpu_flags()
+    assert BF16_DOT == ("avx512_bf16" in flags or {"avx2", "fma"} <= flags)
+    assert isa.HOST.bf16_dot == ("avx512_bf16" if "avx512_bf16" in flags else "avx2" if {"avx2", "fma"} <= flags else None)
+    with isa.using(isa.Isa(int8_dot=isa.HOST.int8_dot, bf16_dot=None)):
+        assert prefill_product(torch.randn(9, K).bfloat16(), WEIGHTS["Q8_0"]) is None
 
-    assert BF16_DOT == ("avx512_bf16" in _cpu_flags())
-    monkeypatch.setattr(kernels, "BF16_DOT", False)
-    assert prefill_product(torch.randn(9, K).bfloat16(), WEIGHTS["Q8_0"]) is None
 
-
-# The compiled cases need the instruction; the CI machine and this one have it (the test above).
-needs_bf16 = pytest.mark.skipif(not BF16_DOT, reason="AVX512-BF16 absent: test_bf16_dot_... checks that prompts then keep the dense product")
+# The compiled cases need a bf16_dot form: AVX512-BF16, or AVX2 with FMA (any x86 CPU of the
+# last decade); without one test_bf16_dot_... checks that prompts keep the dense product.
+needs_bf16 = pytest.mark.skipif(not BF16_DOT, reason="neither AVX512-BF16 nor AVX2+FMA: test_bf16_dot_... checks that prompts then keep the dense product")
 
 def _f16_weight() -> torch.Tensor:
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(16)) * 0.05

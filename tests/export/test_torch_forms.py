@@ -4,12 +4,12 @@ host run (``kernels.kernels_for``: the kernels are written for this host, any ot
 
 A two-layer Llama whose 15 products take every block layout that loads (``types.LAYOUTS``), one
 layout per weight, so that one export and one compile cover them all. It is exported for ``cpu``
-at ``--target-arch x86-64-v3`` (AVX2 without VNNI: what a CPU without the integer dot gets, and
-this host runs it), and its compiled prefill and decode logits are checked against the eager
+at ``--target-arch x86-64-v3`` (AVX2: another target than this host, so no kernel, and any
+x86 host of these tests runs it), and its compiled prefill and decode logits are checked against the eager
 model's. The blocks are random bytes whose float16 scales (and mins) are positive, negative and
 zero, as real files have them.
 
-And the host-feature switch (``kernels.INTEGER_DOT``) against this file's own read of
+And the host-feature switch (``kernels.isa.HOST``, ``kernels.INTEGER_DOT``) against this file's own read of
 ``/proc/cpuinfo``, so that the kernel tests' choice of cases does not just follow the code."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType
 from quantized_models import CONFIG, TOKENS
 from sharktank.export import kernels
 from sharktank.export.artifact import export_artifact
+from sharktank.export.kernels import isa
 from sharktank.export.kernels.syntax import int8_dot
 from sharktank.models import load_model, save_gguf
 from sharktank.models.llama.presets import random_theta
@@ -146,11 +147,17 @@ def _processor_flags() -> list[set[str]]:
 
 def test_integer_dot_is_what_cpuinfo_says():
     # The int16-x kernels' dot product is the 512-bit vpdpbusd, which AVX512-VNNI gives (AVX-VNNI
-    # has only the 128- and 256-bit forms): so that flag, on every processor, is the switch.
-    assert "avx512.vpdpbusd.512" in int8_dot("%acc", "%u", "%s")
+    # has only the 128- and 256-bit forms), or else AVX2's vpmaddubsw + vpmaddwd: so those
+    # flags, on every processor, are the switch.
+    with isa.using(isa.Isa(int8_dot="avx512_vnni")):
+        assert "avx512.vpdpbusd.512" in int8_dot("%acc", "%u", "%s")
     flags = _processor_flags()
-    has = {flag: sum(flag in f for f in flags) for flag in ("avx512_vnni", "avx_vnni")}
-    want = bool(flags) and has["avx512_vnni"] == len(flags)
-    assert kernels.INTEGER_DOT == want, (
-        f"INTEGER_DOT is {kernels.INTEGER_DOT}, expected {want}: of {len(flags)} processors in /proc/cpuinfo, "
-        f"{has['avx512_vnni']} list avx512_vnni, {has['avx_vnni']} avx_vnni")
+    has = {flag: sum(flag in f for f in flags) for flag in ("avx512_vnni", "avx_vnni", "avx2")}
+    want = None
+    if flags and has["avx512_vnni"] == len(flags):
+        want = "avx512_vnni"
+    elif flags and has["avx2"] == len(flags):
+        want = "avx2"
+    assert kernels.isa.HOST.int8_dot == want and kernels.INTEGER_DOT == (want is not None), (
+        f"the host's int8 dot is {kernels.isa.HOST.int8_dot}, expected {want}: of {len(flags)} processors in /proc/cpuinfo, "
+        f"{has['avx512_vnni']} list avx512_vnni, {has['avx_vnni']} avx_vnni, {has['avx2']} avx2")

@@ -9,8 +9,8 @@ weight: :mod:`.f16`) becomes one call of that layout's dispatch (a file per layo
 (and activation dtypes other than float32, bfloat16, float16) return None and keep the torch
 form. The float-x kernel (Q8_0) takes x as float32; the int16-x kernels (the legacy 32-value
 layouts, :mod:`.block32`, and the K-quants) take it rounded to 16-bit integers per 32 values (:mod:`.int16_x`, its error far below bfloat16's)
-for exact integer dot products with AVX512-VNNI, which is what lets them read the weights at
-about the machine's bandwidth. A prompt's products (more rows) take the prefill dispatch
+for exact integer dot products (AVX512-VNNI, or AVX2: :mod:`.isa`), which is what lets them
+read the weights at about the machine's bandwidth. A prompt's products (more rows) take the prefill dispatch
 (:func:`prefill_product`, :mod:`.prefill`) for those layouts and for plain float16 weights
 (:mod:`.f16`). Imports iree-turbine (the custom op) only when a product is traced.
 """
@@ -22,6 +22,7 @@ import dataclasses
 import torch
 
 from ...types import QuantizedTensor
+from . import isa
 from .block_kernel import BlockKernel
 from .registry import KERNELS, LAYOUTS
 
@@ -33,20 +34,12 @@ _ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names
 }
 
 
-def _host_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split(":", 1)[1].split() for line in f)
-    except OSError:
-        return False
-
-
-# The kernels are compiled for this host's CPU (the cpu target's --target-arch default); the
-# int16-x kernels' integer dot products (vpdpbusd) need AVX512-VNNI, without which those
-# layouts keep the torch form.
-INTEGER_DOT = _host_has("avx512_vnni")
+# The kernels are compiled for this host's CPU (the cpu target's --target-arch default), with
+# the instructions it has (:mod:`.isa`): the int16-x kernels' integer dot products need
+# AVX512-VNNI or AVX2, without which those layouts keep the torch form.
+INTEGER_DOT = isa.HOST.int8_dot is not None
 # The prefill dispatches' bfloat16 dot products (vdpbf16ps) need AVX512-BF16.
-BF16_DOT = _host_has("avx512_bf16")
+BF16_DOT = isa.HOST.bf16_dot is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +77,7 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None)
     """``x @ w.T`` (``x`` ``[..., K]``, ``w`` ``[N, K]`` quantized or plain float16) as a kernel
     call, or None where there is no kernel for ``w`` (:func:`kernel_of`), ``x``'s dtype or the
     shape (a generator refuses one whose scratch would not fit a dispatch's stack), or the
-    host CPU lacks the instructions a kernel needs (:data:`INTEGER_DOT`). ``rounded``: where
+    host CPU lacks the instructions a kernel needs (:data:`INTEGER_DOT`, :mod:`.isa`). ``rounded``: where
     given, x's int16 rounding per (x, layout), made once and shared by the products that take
     the same x."""
     from .custom_op import ELEMENT_TYPES, PRODUCTS, ROUNDINGS
@@ -96,7 +89,7 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None)
     n, k = w.shape
     x2 = x.reshape(-1, k)
     integer = kernel.int16_x
-    if integer and not INTEGER_DOT:
+    if integer and isa.current().int8_dot is None:
         return None
     # The result in x's dtype, rounded as the kernel stores it: IREE made a conversion after
     # each product a dispatch of its own (7 of a 1B layer's 38).
@@ -147,7 +140,7 @@ def prefill_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     from . import prefill
     from .custom_op import PREFILLS
 
-    if x.dtype not in _PREFILL_X or not BF16_DOT:
+    if x.dtype not in _PREFILL_X or isa.current().bf16_dot is None:
         return None
     found = prefill_weights(w)
     if found is None:

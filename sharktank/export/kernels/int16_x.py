@@ -11,7 +11,8 @@ x, llama.cpp's choice, gave 5e-3 there and 0.13 of the largest logit in a test m
 
 A kernel takes each ``v`` as two int8 bytes, ``v = 256 * high + low`` (``high`` within
 +-127, ``low`` within -128..127, which is why ``LIMIT`` is 127 * 256 + 127), because x86 has
-an unsigned-by-signed byte dot product (``vpdpbusd``, :func:`.syntax.int8_dot`) that takes
+an unsigned-by-signed byte dot product (``vpdpbusd``, :func:`.syntax.int8_dot`; AVX2's
+``vpmaddubsw`` + ``vpmaddwd``, :meth:`.mlir.Emitter.int8_dot`) that takes
 the weights' unsigned values as they are: ``256 * dot(q, high) + dot(q, low)`` costs two of
 those for 64 values, against widening everything to 16 bits. Per plane of a row (``32 *
 len(order)`` values: 256 for the K-quants, whose super-blocks have eight groups; 64 for the

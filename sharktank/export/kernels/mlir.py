@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from . import syntax
+from . import isa, syntax
 
 __all__ = ["Emitter", "Value", "elem_of", "lanes_of", "vector"]
 
@@ -176,13 +176,52 @@ class Emitter:
         elem = elem_of(v.type)
         return self.assign(hint, f"vector.reduction <{kind}>, {v} : {v.type} into {elem}", elem)
 
-    def int8_dot(self, acc: Value, unsigned: Value, signed: Value, hint: str = "dot") -> Value:
-        """``vpdpbusd``: see :func:`.syntax.int8_dot`."""
-        return self.assign(hint, syntax.int8_dot(acc.name, unsigned.name, signed.name), "vector<16xi32>")
+    def int8_dot(self, acc: Value, unsigned: Value, signed: Value, hint: str = "dot", weight: int = 1) -> Value:
+        """``acc`` (vector<16xi32>) plus, in lane i, ``weight`` times the sum of the products of
+        bytes 4i..4i+3 of ``unsigned`` (vector<64xi8> read as uint8, every byte below 128) and
+        ``signed``, in the form :func:`.isa.current` names: ``vpdpbusd`` (AVX512-VNNI,
+        :func:`.syntax.int8_dot`; a ``weight`` other than 1 multiplies ``acc`` after) or, for
+        AVX2, per 32-byte half ``vpmaddubsw`` (exact: pair sums of at most 2 * 127 * 128) then
+        ``vpmaddwd`` with ``weight`` (:func:`.syntax.madd_bytes`, :func:`.syntax.madd_words`)."""
+        form = isa.current().int8_dot
+        i32 = vector(16, "i32")
+        if form == "avx512_vnni":
+            if weight != 1:
+                raise ValueError("a vpdpbusd int8_dot takes weight 1 (scale its accumulator instead)")
+            return self.assign(hint, syntax.int8_dot(acc.name, unsigned.name, signed.name), i32)
+        if form != "avx2":
+            raise ValueError(f"int8_dot: this kernel needs an integer dot product form, found {isa.current()}")
+        factor = self.const(weight, vector(16, "i16"))
+        halves = []
+        for h in range(2):
+            u, s = (self.slice(v, 32 * h, 32, hint) for v in (unsigned, signed))
+            pairs = self.assign(hint, syntax.madd_bytes(u.name, s.name), vector(16, "i16"))
+            halves.append(self.assign(hint, syntax.madd_words(pairs.name, factor.name), vector(8, "i32")))
+        return self.binary("arith.addi", acc, self.shuffle(halves[0], halves[1], range(16), hint), hint)
 
     def bf16_dot(self, acc: Value, a: Value, b: Value, hint: str = "dot") -> Value:
-        """``vdpbf16ps``: see :func:`.syntax.bf16_dot`."""
-        return self.assign(hint, syntax.bf16_dot(acc.name, a.name, b.name), "vector<16xf32>")
+        """``acc`` (vector<16xf32>) plus, in lane i, ``a[2i] * b[2i] + a[2i+1] * b[2i+1]`` of the
+        vector<32xbf16> ``a`` and ``b``, in the form :func:`.isa.current` names: ``vdpbf16ps``
+        (AVX512-BF16, :func:`.syntax.bf16_dot`) or, for AVX2, each pair's values widened to
+        float32 (the high half of a 32-bit pair is its odd value: mask it; the even one: shift
+        it up) and two fused multiply-adds, odd then even, as vdpbf16ps sums them."""
+        form = isa.current().bf16_dot
+        f32 = vector(16, "f32")
+        if form == "avx512_bf16":
+            return self.assign(hint, syntax.bf16_dot(acc.name, a.name, b.name), f32)
+        if form != "avx2":
+            raise ValueError(f"bf16_dot: this kernel needs a bfloat16 dot product form, found {isa.current()}")
+        i32 = vector(16, "i32")
+
+        def widened(v: Value) -> tuple[Value, Value]:
+            words = self.cast("vector.bitcast", v, i32, "bw")
+            odd = self.binary("arith.andi", words, self.const(-65536, i32), "bo")
+            even = self.binary("arith.shli", words, self.const(16, i32), "be")
+            return tuple(self.cast("vector.bitcast", half, f32, "bf") for half in (odd, even))
+
+        (a_odd, a_even), (b_odd, b_even) = widened(a), widened(b)
+        acc = self.fma(a_odd, b_odd, acc, hint)
+        return self.fma(a_even, b_even, acc, hint)
 
     # -- memory ---------------------------------------------------------------------
     def load(self, mem: Value, indices: Sequence[Value], type_: str, hint: str = "ld") -> Value:

@@ -1,7 +1,9 @@
 """The block product of a prompt (many rows of ``x``, any number: a symbolic length), shared
 by every layout that can say what its blocks' values are (:attr:`.BlockKernel.values`): tiles
 of the weight dequantized once into bfloat16 on the stack and reused by every row, multiplied
-with ``vdpbf16ps`` (AVX512-BF16: 32 products a 512-bit instruction, summed in float32). No
+with ``vdpbf16ps`` (AVX512-BF16: 32 products a 512-bit instruction, summed in float32), or on
+a CPU with AVX2 and FMA only, each pair split into its two values widened to float32 (a shift,
+an and) and two ``vfmadd``s in vdpbf16ps's order: the same products and sums (:mod:`.isa`). No
 float copy of a whole weight is made: a workgroup holds :data:`TILE_ROWS` weight rows x one
 chunk of K (:func:`chunk_values`) at a time.
 
@@ -35,6 +37,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from . import isa
 from .frame import Operand, executable
 from .mlir import Emitter, Value, lanes_of, vector
 from .product_dispatch import Block
@@ -72,7 +75,10 @@ class PrefillWeights:
 
 TILE_ROWS = 32  # weight rows per workgroup: two 16-lane vectors
 HALF = 16  # weight rows per staging pass and transpose
-X_ROWS = 8  # rows of x of one register tile
+# Rows of x of one register tile, by the bf16_dot form (isa.py): 8 x 2 accumulators of 16
+# lanes fill AVX512's 32 registers; AVX2's 16 registers of 8 lanes hold 2 rows' (8), beside
+# the tile's pairs split into even and odd values (8).
+X_ROWS = {"avx512_bf16": 8, "avx2": 2}
 # Scratch a workgroup holds (a dispatch's stack is 32 KiB): the tile (64 bytes a value
 # column: 32 rows of bfloat16) and the staging buffer (16 rows of one block).
 SCRATCH_BYTES = 26 * 1024
@@ -114,7 +120,7 @@ def function_name(kernel: PrefillWeights, n: int, k: int) -> str:
     return f"{function_prefix(kernel)}{n}x{k}"
 
 
-@functools.cache
+@isa.cached
 def module_asm(kernel: PrefillWeights, n: int, k: int) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<? x k x bf16>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<? x n x f32>`` and its dispatch,
@@ -131,6 +137,7 @@ def module_asm(kernel: PrefillWeights, n: int, k: int) -> str:
 def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, views: list[Value]) -> None:
     x, w, y = views
     c = e.const
+    x_rows = X_ROWS[isa.current().bf16_dot]
     v16, b32, i16 = vector(16, "f32"), vector(32, "bf16"), vector(16, "i32")
     bs, kc = kernel.block_size, chunk_values(kernel, k)
     m = e.dim(x, 0, "m")
@@ -181,7 +188,7 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
         p0 = e.binary("arith.divui", k0, c(2), "p0")
 
         def rows_of_x(m0: Value, _):
-            rows = [e.binary("arith.minsi", e.binary("arith.addi", m0, c(i), "xr"), last, "xr") for i in range(X_ROWS)]
+            rows = [e.binary("arith.minsi", e.binary("arith.addi", m0, c(i), "xr"), last, "xr") for i in range(x_rows)]
             cols = [e.binary("arith.addi", first, c(HALF * half), "col") for half in range(2)]
             inits = [e.load(y, [row, col], v16, "acc") for row in rows for col in cols]
 
@@ -202,6 +209,6 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
                 for half in range(2):
                     e.store(accs[2 * i + half], y, [row, cols[half]])
 
-        e.for_(c(0), m, c(X_ROWS), rows_of_x, hint="m0")
+        e.for_(c(0), m, c(x_rows), rows_of_x, hint="m0")
 
     e.for_(c(0), c(k), c(kc), chunk, hint="k0")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+from . import isa
 from .block_kernel import ELEMENT_BYTES, GROUP, X_CHUNK_BYTES, BlockKernel, result_type
 from .frame import Operand, executable
 from .mlir import Emitter, Value, elem_of, vector
@@ -122,10 +123,29 @@ class Block:
         low_at = e.binary("arith.addi", self._k2, e.const(self.kernel.int16.plane + at), "col")
         low = e.load(self.x, [self.rows[i], low_at], v64, "xl")
         i32 = vector(16, "i32")
-        dh = e.int8_dot(e.const(0, i32), unsigned, high, "dh")
-        dh8 = e.binary("arith.shli", dh, e.const(8, i32), "dh")
+        if isa.current().int8_dot == "avx512_vnni":
+            dh = e.int8_dot(e.const(0, i32), unsigned, high, "dh")
+            dh8 = e.binary("arith.shli", dh, e.const(8, i32), "dh")
+        else:  # vpmaddwd multiplies by 256 itself
+            dh8 = e.int8_dot(e.const(0, i32), unsigned, high, "dh", weight=256)
         dot = e.int8_dot(dh8, unsigned, low, "dot")
         return e.cast("arith.sitofp", dot, vector(16, "f32"), "dot")
+
+    def scales_of_16(self, s: Value, o: Value) -> list[Value]:
+        """For a super-block of 16 scales of 16 values (Q3_K, Q6_K; vector<16xf32> ``s``, the
+        weight scale of each 16 values, and ``o``, what each 16's offset costs a unit of x):
+        adds ``o`` times x's sums of 16 (accumulator 1) to every row's and returns, per row
+        of x, ``s`` times x's group scale of each 16 values."""
+        e, v16 = self.e, vector(16, "f32")
+        b8 = e.binary("arith.muli", self.b, e.const(8), "b8")
+        b16 = e.binary("arith.muli", self.b, e.const(16), "b16")
+        pairs = [j // 2 for j in range(16)]  # x's group scale of each 16 values
+        scaled = []
+        for i in range(self.m):
+            self.fma(i, o, e.load(self.xs, [self.rows[i], b16], v16, "xs"), 1)
+            xd = e.load(self.xd, [self.rows[i], b8], vector(8, "f32"), "xd")
+            scaled.append(e.binary("arith.mulf", s, e.shuffle(xd, xd, pairs, "xd"), "sx"))
+        return scaled
 
     def x16_accumulate(self, i: int, unsigned: Value, at: int, scales: Value, picks: list[int], slot: int = 0) -> None:
         """Row ``i``'s accumulator ``slot`` (16 lanes) += :meth:`x16_dot` times ``scales``,
@@ -141,7 +161,7 @@ def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str) ->
 
 
 # Cached: the custom op builds a shape's module once per trace that takes it.
-@functools.cache
+@isa.cached
 def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x y>`` and its dispatch.

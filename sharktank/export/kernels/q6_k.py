@@ -38,14 +38,7 @@ def _body(blk: Block) -> None:
     s = e.binary("arith.mulf", scf, e.broadcast(d, v16), "s")  # d * sc per 16 values
     o = e.binary("arith.mulf", s, e.const(-32.0, v16), "o")
     k4, k15, k48 = (e.const(v, v64) for v in (4, 15, 48))
-    b8 = e.binary("arith.muli", blk.b, e.const(8), "b8")
-    b16 = e.binary("arith.muli", blk.b, e.const(16), "b16")
-    pairs = [j // 2 for j in range(16)]  # x's group scale of each 16 values
-    scaled = []
-    for i in range(blk.m):  # the 32s taken off; each 16 values' weight scale times x's
-        blk.fma(i, o, e.load(blk.xs, [blk.rows[i], b16], v16, "xs"), 1)
-        xd = e.load(blk.xd, [blk.rows[i], b8], vector(8, "f32"), "xd")
-        scaled.append(e.binary("arith.mulf", s, e.shuffle(xd, xd, pairs, "xd"), "sx"))
+    scaled = blk.scales_of_16(s, o)  # the 32s taken off
     for h in range(2):
         low, high = blk.byte(64 * h, 64, "l"), blk.byte(128 + 32 * h, 32, "h")
         shifted = e.binary("arith.shrui", high, e.const(2, v32), "hs")  # bits 2-3 (and 6-7) where 0-1 (4-5) were

@@ -11,7 +11,7 @@ Adding a layout: a file with its loop body and its :class:`.BlockKernel`, and it
 
 from __future__ import annotations
 
-from . import f16, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from . import f16, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 from .block_kernel import BlockKernel
 from .prefill import PrefillWeights
 
@@ -34,6 +34,7 @@ KERNELS: dict[str, BlockKernel] = _table(
     q4_k.KERNEL,
     q5_k.KERNEL,
     q6_k.KERNEL,
+    q3_k.KERNEL,
     f16.KERNEL,
 )
 LAYOUTS = tuple(name for name, kernel in KERNELS.items() if not kernel.plain)  # the block layouts that have a kernel

@@ -8,13 +8,13 @@ written here once; everything else the emitter (:mod:`.mlir`) writes is stable s
   shuffle, and a 1-D strided slice lowers to the same LLVM ``shufflevector``.
 - ``vector.extract`` of a scalar names its result and source type (``: f32 from
   vector<2xf32>``), the form since LLVM 19.
-- ``vpdpbusd`` and ``vdpbf16ps`` are LLVM intrinsic calls: MLIR's x86vector dialect is not in
-  IREE's compiler.
+- ``vpdpbusd``, ``vdpbf16ps`` and AVX2's ``vpmaddubsw``/``vpmaddwd`` are LLVM intrinsic calls:
+  MLIR's x86vector dialect is not in IREE's compiler.
 """
 
 from __future__ import annotations
 
-__all__ = ["bf16_dot", "extract", "int8_dot", "slice_1d"]
+__all__ = ["bf16_dot", "extract", "int8_dot", "madd_bytes", "madd_words", "slice_1d"]
 
 
 def slice_1d(source: str, source_type: str, offset: int, size: int) -> str:
@@ -33,6 +33,20 @@ def int8_dot(acc: str, unsigned: str, signed: str) -> str:
     products of bytes 4i..4i+3 of ``unsigned`` (vector<64xi8> read as uint8) and ``signed``."""
     return (f'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"({acc}, {unsigned}, {signed}) : '
             "(vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>")
+
+
+def madd_bytes(unsigned: str, signed: str) -> str:
+    """``vpmaddubsw`` (AVX2): lane i (vector<16xi16>) is the saturated sum of the products of
+    bytes 2i, 2i+1 of ``unsigned`` (vector<32xi8> read as uint8) and ``signed``."""
+    return (f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"({unsigned}, {signed}) : '
+            "(vector<32xi8>, vector<32xi8>) -> vector<16xi16>")
+
+
+def madd_words(a: str, b: str) -> str:
+    """``vpmaddwd`` (AVX2): lane i (vector<8xi32>) is ``a[2i] * b[2i] + a[2i+1] * b[2i+1]`` of
+    the vector<16xi16> ``a`` and ``b``."""
+    return (f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"({a}, {b}) : '
+            "(vector<16xi16>, vector<16xi16>) -> vector<8xi32>")
 
 
 def bf16_dot(acc: str, a: str, b: str) -> str:
