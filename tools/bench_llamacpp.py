@@ -10,14 +10,15 @@ for this CPU into a directory outside the repo, which only this script's llama.c
 on their path (at its end, so that the venv's own numpy stays first). Not ``GGML_NATIVE``:
 ``-march=native`` turns on llama.cpp's AMX matmul, whose first ``ldtilecfg`` faults in this VM
 (the CPU lists amx_int8, the VM does not enable the tile state), so the features are named
-with AMX off, and ``GGML_AVX_VNNI`` (the VEX-encoded AVX-VNNI) only where ``/proc/cpuinfo``
-lists ``avx_vnni``: AMD EPYC (Zen 4) machines have AVX512-VNNI but not it, and a build with it
-dies there of SIGILL (a worker "failed (-4)")::
+with AMX off, and each other AVX512/VNNI feature on only where ``/proc/cpuinfo`` lists it: AMD
+EPYC Zen 4 machines have AVX512-VNNI but not ``avx_vnni`` (a build with ``GGML_AVX_VNNI`` dies
+there of SIGILL, a worker "failed (-4)"), and Zen 3 ones have no AVX512 at all::
 
+    on() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-        -DGGML_BMI2=ON -DGGML_AVX_VNNI=$(grep -qw avx_vnni /proc/cpuinfo && echo ON || echo OFF) \
-        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
-        -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+        -DGGML_BMI2=ON -DGGML_AVX_VNNI=$(on avx_vnni) -DGGML_AVX512=$(on avx512f) \
+        -DGGML_AVX512_VBMI=$(on avx512_vbmi) -DGGML_AVX512_VNNI=$(on avx512_vnni) \
+        -DGGML_AVX512_BF16=$(on avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
         -DGGML_AMX_BF16=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
         .venv/bin/pip install llama-cpp-python==0.3.36 --target ~/.cache/sharktank/llamacpp

@@ -174,7 +174,7 @@ _BLOCK_KERNEL: contextvars.ContextVar[BlockKernel | None] = contextvars.ContextV
 
 
 def block_kernels(kernel: BlockKernel | None) -> contextlib.AbstractContextManager[None]:
-    """While active, a traced product ``x @ w.T`` with a quantized or float16 2-D ``w`` is
+    """While active, a traced product ``x @ w.T`` with a quantized or half 2-D ``w`` is
     ``kernel(x, w)`` (any number of rows, symbolic included: a decode step or a prompt); where
     it returns None, :meth:`QuantizedTensor.product` for a quantized ``w`` and a static number
     of rows up to ``_BLOCK_PRODUCT_ROWS``, else the dense product (of the dequantized weight).
@@ -183,18 +183,19 @@ def block_kernels(kernel: BlockKernel | None) -> contextlib.AbstractContextManag
     hand-written dispatches read the blocks at about the machine's read bandwidth in a decode
     step, where IREE's code for the torch form is compute-bound, and reuse each dequantized
     tile across a prompt's rows (a float16 weight's too: this CPU has no float16
-    arithmetic). ``None`` turns kernels off."""
+    arithmetic; and a bfloat16 one's where it has no bfloat16 arithmetic). ``None`` turns
+    kernels off (the kernel returns None for a weight it does not take)."""
     return setting(_BLOCK_KERNEL, kernel)
 
 
 def _kernel_product(x: torch.Tensor, w) -> torch.Tensor | None:
-    """``x @ w.T`` where it is traced, ``w`` 2-D and quantized or float16: the active block
+    """``x @ w.T`` where it is traced, ``w`` 2-D and quantized or half: the active block
     kernel's, else (quantized) the torch form on the blocks for few rows; None: the dense
     product."""
     if w.ndim != 2 or not _tracing_tensor(x):
         return None
     quantized = isinstance(w, QuantizedTensor)
-    if not quantized and w.dtype != torch.float16:
+    if not quantized and w.dtype not in (torch.float16, torch.bfloat16):
         return None
     kernel = _BLOCK_KERNEL.get()
     y = kernel(x, w) if kernel is not None else None

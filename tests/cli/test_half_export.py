@@ -27,19 +27,20 @@ def _assert_linear_products_are_half_with_float32_accumulators(mlir: str, half: 
     and activation in the half type and accumulates in float32, as torch's CPU kernels do; no
     weight is widened to a float32 copy first. A float16 model's products are the F16
     kernels' instead (export/kernels/f16: the weight read as stored, float32 sums): a decode
-    step's always, a prompt's where the CPU has AVX512-BF16 (the prefill dispatch)."""
+    step's always, a prompt's where the CPU has a bfloat16 dot form (the prefill dispatch); a
+    bfloat16 model's the BF16 kernels' where the CPU lacks AVX512-BF16 (export/kernels/bf16)."""
     import iree.compiler as ic
 
-    from sharktank.export.kernels import BF16_DOT
+    from sharktank.export.kernels import BF16_DOT, isa
 
     linalg = ic.compile_str(mlir, extra_args=[*compile_flags(1), "--compile-to=input"]).decode()
     products = re.findall(r"linalg\.matmul ins\(.*?: tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\) outs\(.*?: tensor<[^>]*x(\w+)>\)", linalg)
     # q, k, v, o, gate, up, down per block and the LM head, in prefill, decode and prefill_chunk.
     per_function = 7 * blocks + 1
     kernels = {"decode": 0, "prompt": 0}
-    if half == "f16":
-        kernels["decode"] = len(re.findall(r"util\.call @sharktank_f16_product_1x", mlir))
-        kernels["prompt"] = len(re.findall(r"util\.call @sharktank_f16_prefill_", mlir))
+    if half == "f16" or isa.HOST.bf16_dot != "avx512_bf16":
+        kernels["decode"] = len(re.findall(rf"util\.call @sharktank_{half}_product_1x", mlir))
+        kernels["prompt"] = len(re.findall(rf"util\.call @sharktank_{half}_prefill_", mlir))
         assert kernels == {"decode": per_function, "prompt": 2 * per_function if BF16_DOT else 0}
     assert len(products) + sum(kernels.values()) == 3 * per_function
     assert set(products) <= {(half, half, "f32")}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sharktank.export import compile_mlir, export_function
-from sharktank.export.kernels import KERNELS, block_product, kernel_of, kernels_in
+from sharktank.export.kernels import KERNELS, block_product, isa, kernel_of, kernels_in
 from sharktank.export.kernels.block_kernel import X_CHUNK_BYTES
 from sharktank.export.kernels.custom_op import PRODUCTS
 from sharktank.runtime import Session
@@ -96,3 +96,32 @@ def test_eager_form_is_the_float32_product():
     got = block_product(XS[3], W)  # not traced: the custom op's eager form
     want = XS[3].double() @ W.double().T
     assert got.dtype == torch.float32 and ((got.double() - want).abs().max() / want.abs().max()).item() <= 1e-6
+
+
+def test_bfloat16_weights_on_a_cpu_without_avx512_bf16_take_the_same_kernel():
+    """Where the CPU has no bfloat16 arithmetic (isa: a bf16_dot of "avx2"), a plain bfloat16
+    weight takes this kernel too (export/kernels/bf16): its values widened exactly, so the
+    error is float32 summation (and a bfloat16 result's rounding). The decode kernel needs no
+    instruction of that form, so it runs on any host."""
+    wb = W.bfloat16()
+    with isa.using(isa.Isa(int8_dot=isa.HOST.int8_dot, bf16_dot="avx2")):
+        assert kernel_of(wb)[0] is KERNELS["BF16"]
+
+        def products(w, x1, x8):
+            return block_product(x1, w), block_product(x8.bfloat16(), w).float()
+
+        mlir = str(export_function(products, (wb, XS[1], XS[8])).mlir_module)
+    with isa.using(isa.Isa(int8_dot=isa.HOST.int8_dot, bf16_dot="avx512_bf16")):
+        assert kernel_of(wb) is None  # IREE's own bfloat16 products
+    assert kernels_in(mlir) == ["bf16"]
+    session = Session(compile_mlir(mlir, 1), 1)
+    from iree.runtime import HalElementType
+
+    placed = [session.place(wb.view(torch.uint16).numpy(), 0, element_type=HalElementType.BFLOAT_16)]
+    placed += [session.place(XS[m].numpy(), 0) for m in (1, 8)]
+    outs = [torch.from_numpy(np.asarray(o.to_host())).double() for o in session.invoke("main", placed)]
+    for got, m, rounding in ((outs[0], 1, 0.0), (outs[1], 8, 2.0**-8)):
+        x = XS[m] if m == 1 else XS[m].bfloat16()
+        want = x.double() @ wb.double().T
+        err = (got - want).abs()
+        assert bool((err <= 1e-5 * want.abs().max() + rounding * want.abs()).all()), f"M={m}: max |error| / max |y| = {(err.max() / want.abs().max()).item():.3g}"

@@ -122,8 +122,9 @@ def test_the_emitter_checks_types_and_yields():
 
 
 def test_the_registry_is_the_one_source():
-    assert LAYOUTS == tuple(name for name in KERNELS if name != "F16")
+    assert LAYOUTS == tuple(name for name in KERNELS if name not in ("F16", "BF16"))
     assert KERNELS["F16"].plain and KERNELS["F16"].weight_shape(N, 64) == (N, 64)
+    assert KERNELS["BF16"].plain and KERNELS["BF16"].weight == "bf16"
     for name, kernel in KERNELS.items():
         assert kernel.name == name.lower()
         if not kernel.plain:

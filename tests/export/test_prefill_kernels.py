@@ -23,7 +23,7 @@ import torch
 from quantized_models import signed_blocks
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
-from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, CpuKernels, kernels_in, prefill_product, prefill_weights
+from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, block_product, CpuKernels, kernels_in, prefill_product, prefill_weights
 from sharktank.export.kernels import isa, prefill
 from sharktank.export.kernels.custom_op import PREFILLS
 from sharktank.export.kernels.registry import PREFILLS as PREFILL_WEIGHTS
@@ -61,7 +61,10 @@ def _f16_weight() -> torch.Tensor:
     return w.half()
 
 
-WEIGHTS = {layout: signed_blocks(layout, N, K, i, 1e-2) if layout != "F16" else _f16_weight() for i, layout in enumerate(PREFILL_LAYOUTS)}
+PLAIN = {"F16": _f16_weight, "BF16": lambda: _f16_weight().bfloat16()}
+WEIGHTS = {layout: PLAIN[layout]() if layout in PLAIN else signed_blocks(layout, N, K, i, 1e-2) for i, layout in enumerate(PREFILL_LAYOUTS)}
+# What this host's prompts take a kernel for: bfloat16 weights only without AVX512-BF16 (kernels/bf16).
+HOST_LAYOUTS = [layout for layout in PREFILL_LAYOUTS if prefill_weights(WEIGHTS[layout]) is not None]
 
 
 def _arg(w) -> torch.Tensor:
@@ -78,7 +81,7 @@ def _dense(w) -> torch.Tensor:
 
 
 def test_every_kernel_layout_and_float16_have_a_prefill_kernel():
-    assert "F16" in KERNELS
+    assert "F16" in KERNELS and "BF16" in KERNELS
     assert PREFILL_LAYOUTS == sorted(KERNELS), "a layout with a decode kernel and no prefill kernel keeps prompts on the dense product"
 
 
@@ -89,31 +92,51 @@ def test_float16_weights_are_passed_as_they_are():
     weights, operand = prefill_weights(w)
     assert weights is PREFILL_WEIGHTS["F16"] and operand is w
     assert torch.equal(weights.dense(operand), w.float())
-    assert prefill_weights(torch.randn(N, K)) is None and prefill_weights(torch.randn(N, K).bfloat16()) is None
+    assert prefill_weights(torch.randn(N, K)) is None
     assert prefill_weights(torch.randn(N, 1000).half()) is None  # K not a multiple of 32
+
+
+def test_bfloat16_weights_take_the_kernels_only_without_avx512_bf16():
+    w = WEIGHTS["BF16"]
+    with isa.using(isa.Isa(int8_dot=isa.HOST.int8_dot, bf16_dot="avx512_bf16")):
+        assert prefill_weights(w) is None and block_product(torch.randn(1, K), w) is None  # IREE's own bfloat16 products
+    with isa.using(isa.Isa(int8_dot=isa.HOST.int8_dot, bf16_dot="avx2")):
+        weights, operand = prefill_weights(w)
+        assert weights is PREFILL_WEIGHTS["BF16"] and operand is w and torch.equal(weights.dense(operand), w.float())
+        assert block_product(torch.randn(1, K), w) is not None
+    assert HOST_LAYOUTS == [layout for layout in PREFILL_LAYOUTS if layout != "BF16" or isa.HOST.bf16_dot != "avx512_bf16"]
 
 
 @pytest.fixture(scope="module")
 def compiled():
     def products(x, *blocks):
-        return tuple(prefill_product(x, _with(WEIGHTS[layout], b)).float() for layout, b in zip(PREFILL_LAYOUTS, blocks))
+        return tuple(prefill_product(x, _with(WEIGHTS[layout], b)).float() for layout, b in zip(HOST_LAYOUTS, blocks))
 
     x = torch.randn(64, K).bfloat16()
-    blocks = [_arg(WEIGHTS[layout]) for layout in PREFILL_LAYOUTS]
+    blocks = [_arg(WEIGHTS[layout]) for layout in HOST_LAYOUTS]
     rows = torch.export.Dim("rows", min=1, max=512)
     program = export_function(products, (x, *blocks), dynamic_shapes=({0: rows}, *[None] * len(blocks)))
     mlir = str(program.mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
-    placed = [session.place(b.numpy(), 0) for b in blocks]
+    placed = [_place(session, b) for b in blocks]
     return mlir, session, placed
+
+
+def _place(session, t: torch.Tensor):
+    """``t`` on device 0 (numpy has no bfloat16: its bits, typed)."""
+    if t.dtype != torch.bfloat16:
+        return session.place(t.numpy(), 0)
+    from iree.runtime import HalElementType
+
+    return session.place(t.view(torch.uint16).numpy(), 0, element_type=HalElementType.BFLOAT_16)
 
 
 @needs_bf16
 def test_the_program_calls_every_prefill_dispatch(compiled):
     mlir, _, _ = compiled
-    for layout in PREFILL_LAYOUTS:
+    for layout in HOST_LAYOUTS:
         assert f"@{prefill.function_prefix(PREFILL_WEIGHTS[layout])}{N}x{K}" in mlir
-    assert kernels_in(mlir) == sorted(f"{layout.lower()}_prefill" for layout in PREFILL_LAYOUTS)
+    assert kernels_in(mlir) == sorted(f"{layout.lower()}_prefill" for layout in HOST_LAYOUTS)
 
 
 @needs_bf16
@@ -121,8 +144,8 @@ def test_the_program_calls_every_prefill_dispatch(compiled):
 def test_compiled_prefill_products_match_float64(compiled, m):
     _, session, placed = compiled
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).bfloat16().float()
-    outs = session.invoke("main", [session.place(x.bfloat16().view(torch.uint16).numpy(), 0, element_type=__import__("iree.runtime", fromlist=["HalElementType"]).HalElementType.BFLOAT_16), *placed])
-    for layout, out in zip(PREFILL_LAYOUTS, outs):
+    outs = session.invoke("main", [_place(session, x.bfloat16()), *placed])
+    for layout, out in zip(HOST_LAYOUTS, outs):
         got = torch.from_numpy(np.asarray(out.to_host())).double()
         assert got.shape == (m, N)
         dense = _dense(WEIGHTS[layout]).double()

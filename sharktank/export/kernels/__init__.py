@@ -63,12 +63,15 @@ def kernels_for(target: str, target_arch: str | None, *, exact_prompts: bool = F
 def kernel_of(w: torch.Tensor) -> tuple[BlockKernel, torch.Tensor] | None:
     """The kernel of ``w`` and the weight operand it takes, or None: a quantized weight of a
     layout in :data:`.registry.KERNELS` (its blocks as int8), or a plain 2-D float16 weight
-    whose K divides into blocks (``F16``, :mod:`.f16`: the weight itself)."""
+    whose K divides into blocks (``F16``, :mod:`.f16`: the weight itself), or bfloat16 on a CPU
+    without AVX512-BF16 (``BF16``, :mod:`.bf16`)."""
     if isinstance(w, QuantizedTensor):
         kernel = KERNELS.get(w.layout.name)
         return None if kernel is None else (kernel, w.blocks.view(torch.int8))
-    kernel = KERNELS["F16"]
-    if w.dtype == torch.float16 and w.ndim == 2 and w.shape[1] % kernel.block_size == 0:
+    # Plain float16 weights always (no CPU here computes in float16), bfloat16 ones where the
+    # CPU has no bfloat16 arithmetic (:mod:`.bf16`).
+    kernel = {torch.float16: KERNELS["F16"], torch.bfloat16: KERNELS["BF16"] if isa.current().bf16_dot != "avx512_bf16" else None}.get(w.dtype)
+    if kernel is not None and w.ndim == 2 and w.shape[1] % kernel.block_size == 0:
         return kernel, w
     return None
 

@@ -23,17 +23,18 @@ from .block_kernel import BlockKernel
 from .mlir import Value
 from .product_dispatch import Block
 
-__all__ = ["KERNEL"]
+__all__ = ["KERNEL", "VALUES", "body", "values"]
 
-_VALUES = 32  # values per block: one 64-byte load
-
-
-def _body(blk: Block) -> None:
-    blk.accumulate(blk.plain(_VALUES), 0)
+VALUES = 32  # values per block: one 64-byte load
 
 
-def _values(blk: Block) -> list[tuple[int, Value]]:
-    return [(0, blk.plain(_VALUES))]
+def body(blk: Block) -> None:
+    """A plain weight's block: its values widened to float32 times x's."""
+    blk.accumulate(blk.plain(VALUES), 0)
 
 
-KERNEL = BlockKernel("F16", _body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,), values=_values, weight="f16", plain_block=_VALUES)
+def values(blk: Block) -> list[tuple[int, Value]]:
+    return [(0, blk.plain(VALUES))]
+
+
+KERNEL = BlockKernel("F16", body, rows_per_workgroup=64, rows_at_once=4, accumulators=(32,), values=values, weight="f16", plain_block=VALUES)

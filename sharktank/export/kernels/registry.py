@@ -11,7 +11,7 @@ Adding a layout: a file with its loop body and its :class:`.BlockKernel`, and it
 
 from __future__ import annotations
 
-from . import f16, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from . import bf16, f16, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 from .block_kernel import BlockKernel
 from .prefill import PrefillWeights
 
@@ -36,6 +36,7 @@ KERNELS: dict[str, BlockKernel] = _table(
     q6_k.KERNEL,
     q3_k.KERNEL,
     f16.KERNEL,
+    bf16.KERNEL,
 )
 LAYOUTS = tuple(name for name, kernel in KERNELS.items() if not kernel.plain)  # the block layouts that have a kernel
 # The prefill dispatch's weights by KERNELS's keys ("Q4_K"; "F16" for plain float16 weights).
