@@ -170,7 +170,8 @@ def add_parser(sub) -> None:
         "weights' products are hand-written kernels that read the weight as stored (a decode step's in float32, a prompt's "
         "rounded to bfloat16 like quantized weights': see --exact-prompts), so an F16 GGUF runs as stored at about "
         "llama.cpp's speed; --dtype bfloat16 rounds the weights themselves (8 significant bits to float16's 11, its "
-        "logits stray further from float32's: tools/half_precision_table.py measures both)",
+        "logits stray further from float32's: tools/half_precision_table.py measures both). On a CPU without AVX512-BF16 "
+        "(AVX2 only) bfloat16 weights take the same kernels, since such a CPU has no bfloat16 arithmetic either",
     )
     e.add_argument(
         "--page-size", dest="page_size", type=int, metavar="POSITIONS",
