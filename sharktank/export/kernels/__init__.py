@@ -70,10 +70,13 @@ def kernel_of(w: torch.Tensor) -> tuple[BlockKernel, torch.Tensor] | None:
         return None if kernel is None else (kernel, w.blocks.view(torch.int8))
     # Plain float16 weights always (no CPU here computes in float16), bfloat16 ones where the
     # CPU has no bfloat16 arithmetic (:mod:`.bf16`).
-    kernel = {torch.float16: KERNELS["F16"], torch.bfloat16: KERNELS["BF16"] if isa.current().bf16_dot != "avx512_bf16" else None}.get(w.dtype)
-    if kernel is not None and w.ndim == 2 and w.shape[1] % kernel.block_size == 0:
-        return kernel, w
-    return None
+    if w.dtype == torch.float16:
+        kernel = KERNELS["F16"]
+    elif w.dtype == torch.bfloat16 and isa.current().bf16_dot != "avx512_bf16":
+        kernel = KERNELS["BF16"]
+    else:
+        return None
+    return (kernel, w) if w.ndim == 2 and w.shape[1] % kernel.block_size == 0 else None
 
 
 def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None) -> torch.Tensor | None:

@@ -101,5 +101,4 @@ def cached(fn: F) -> F:
     def wrapper(*args, **kwargs):
         return by_isa(current(), *args, **kwargs)
 
-    wrapper.cache_clear = by_isa.cache_clear  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

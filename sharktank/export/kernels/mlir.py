@@ -180,15 +180,17 @@ class Emitter:
         """``acc`` (vector<16xi32>) plus, in lane i, ``weight`` times the sum of the products of
         bytes 4i..4i+3 of ``unsigned`` (vector<64xi8> read as uint8, every byte below 128) and
         ``signed``, in the form :func:`.isa.current` names: ``vpdpbusd`` (AVX512-VNNI,
-        :func:`.syntax.int8_dot`; a ``weight`` other than 1 multiplies ``acc`` after) or, for
+        :func:`.syntax.int8_dot`; with a ``weight`` other than 1, into zero, multiplied, then
+        added to ``acc``) or, for
         AVX2, per 32-byte half ``vpmaddubsw`` (exact: pair sums of at most 2 * 127 * 128) then
         ``vpmaddwd`` with ``weight`` (:func:`.syntax.madd_bytes`, :func:`.syntax.madd_words`)."""
         form = isa.current().int8_dot
         i32 = vector(16, "i32")
         if form == "avx512_vnni":
-            if weight != 1:
-                raise ValueError("a vpdpbusd int8_dot takes weight 1 (scale its accumulator instead)")
-            return self.assign(hint, syntax.int8_dot(acc.name, unsigned.name, signed.name), i32)
+            if weight == 1:
+                return self.assign(hint, syntax.int8_dot(acc.name, unsigned.name, signed.name), i32)
+            dot = self.assign(hint, syntax.int8_dot(self.const(0, i32).name, unsigned.name, signed.name), i32)
+            return self.binary("arith.addi", acc, self.binary("arith.muli", dot, self.const(weight, i32), hint), hint)
         if form != "avx2":
             raise ValueError(f"int8_dot: this kernel needs an integer dot product form, found {isa.current()}")
         factor = self.const(weight, vector(16, "i16"))

@@ -127,13 +127,8 @@ class Block:
         high = e.load(self.x, [self.rows[i], high_at], v64, "xh")
         low_at = e.binary("arith.addi", self._k2, e.const(self.kernel.int16.plane + at), "col")
         low = e.load(self.x, [self.rows[i], low_at], v64, "xl")
-        i32 = vector(16, "i32")
-        if isa.current().int8_dot == "avx512_vnni":
-            dh = e.int8_dot(e.const(0, i32), unsigned, high, "dh")
-            dh8 = e.binary("arith.shli", dh, e.const(8, i32), "dh")
-        else:  # vpmaddwd multiplies by 256 itself
-            dh8 = e.int8_dot(e.const(0, i32), unsigned, high, "dh", weight=256)
-        dot = e.int8_dot(dh8, unsigned, low, "dot")
+        dh = e.int8_dot(e.const(0, vector(16, "i32")), unsigned, high, "dh", weight=256)
+        dot = e.int8_dot(dh, unsigned, low, "dot")
         return e.cast("arith.sitofp", dot, vector(16, "f32"), "dot")
 
     def scales_of_16(self, s: Value, o: Value) -> list[Value]:
