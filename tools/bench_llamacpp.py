@@ -110,11 +110,11 @@ def ours_worker(artifact: Path, tokens: list[int], steps: int, prompt: int, reps
     prefill = []
     for r in range(reps + 1):
         t0 = time.perf_counter()
-        logits, _ = model.prefill(ids[:, :prompt])
+        logits, _ = model.prefill(ids[:, :prompt], logits="last")  # as llama.cpp: the last position's only
         logits[0, -1].argmax().item()  # the result read back, as a caller would
         if r:
             prefill.append(time.perf_counter() - t0)
-    _, cache = model.prefill(ids[:, :DECODE_PROMPT])
+    _, cache = model.prefill(ids[:, :DECODE_PROMPT], logits="last")
     decode = []
     for i in range(steps):
         pos = DECODE_PROMPT + i

@@ -288,6 +288,24 @@ def _holds_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
     return ((row - start) == _local_row(row, start=start, n=n)).reshape(-1, 1, 1, 1)
 
 
+def KEEP(rows: int) -> tuple[str, list]:
+    """A prefill function's last index argument, ``keep`` ``[rows, K]`` int64: for each row,
+    the positions of its tokens (indices into ``S``) whose logits the call returns
+    (``[rows, K, vocab]``). Only those go through the final norm and the LM head, so a caller
+    that needs each prompt's last logits (generation, serving) passes ``K = 1`` and skips the
+    head's product for every other position (a fifth of a small model's prefill); a
+    perplexity run passes every position."""
+    return ("keep", [rows, "K"])
+
+
+def _example(shape: list, seq: int) -> torch.Tensor:
+    """An index argument's example while tracing: the window ``W`` a few past the example
+    prompt's ``seq``; ``keep``'s ``K`` (3) differs from ``seq``, as its dim is its own."""
+    if shape[-1] == "K":
+        return torch.tensor([[0, seq // 2, seq - 1]] * shape[0], dtype=torch.int64)
+    return torch.zeros([seq + 4 if d == "W" else d for d in shape], dtype=torch.int64)
+
+
 def logits_out(out: torch.Tensor) -> torch.Tensor:
     """Logits as a function returns them: bfloat16 as its int16 bits (numpy-based runtimes
     cannot read bfloat16), other dtypes as they are."""
@@ -322,8 +340,8 @@ def row_slices(entries: list, index, *, fresh: bool) -> list:
     return [tuple(ops.elementwise(torch.zeros_like, c) for c in kv) for kv in rows] if fresh else rows
 
 
-def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: list, paths: list[int], rows: list, first_device: int):
-    """``(logits [1, S, vocab], new entries)``: the prompt ``tokens`` prefilled into batch row
+def _prefill_row(model: LlamaModel, stages, tokens, positions, row, keep, entries: list, paths: list[int], rows: list, first_device: int):
+    """``(logits [1, K, vocab], new entries)``: the prompt ``tokens`` prefilled into batch row
     ``row`` (``[1]`` int64 on ``first_device``) of a cache whose microbatches are ``paths``/``rows``.
 
     Each cache entry's row is a ``[1, T, kv, hd]`` slice (the index replicated to the entry's
@@ -337,20 +355,20 @@ def _prefill_row(model: LlamaModel, stages, tokens, positions, row, entries: lis
     The row is a runtime value, so with several microbatches the owning one cannot be chosen
     while tracing: each microbatch prefills its clamped local row along its own path (on its
     own devices) from its ``index_select``-ed old slice, writes that back unless it holds the
-    row (a ``where``: bit-exact), and the logits are those of the owner."""
+    row (a ``where``: bit-exact), and the logits (of the positions ``keep``) are those of the owner."""
     row_on = row_index(row, first_device)
     batch = sum(n for _, n in rows)
     logits, new_entries = None, []
     for m, (path, (start, n)) in enumerate(zip(paths, rows)):
         origin = model.input_device(path)
-        tok, pos = (tokens, positions) if origin == first_device else (ops.transfer_to_logical_device(a, origin) for a in (tokens, positions))
+        tok, pos, kept = (tokens, positions, keep) if origin == first_device else (ops.transfer_to_logical_device(a, origin) for a in (tokens, positions, keep))
         whole = n == batch  # one microbatch holds every row: no mask
         local = lambda c: row_on(c.devices) if whole else ops.elementwise(_local_row, row_on(c.devices), start=start, n=n)
         old = row_slices(entries[m], local, fresh=whole)
-        out, new = model.forward_path(tok, pos, old, path, stages, window=tokens.shape[1])
+        out, new = model.forward_path(tok, pos, old, path, stages, window=tokens.shape[1], keep=kept)
         if not whole:
-            keep = [ops.elementwise(_holds_row, row_on(kv[0].devices), start=start, n=n) for kv in new]
-            new = [tuple(ops.elementwise(torch.where, h, c, o) for c, o in zip(kv, okv)) for kv, okv, h in zip(new, old, keep)]
+            holds = [ops.elementwise(_holds_row, row_on(kv[0].devices), start=start, n=n) for kv in new]
+            new = [tuple(ops.elementwise(torch.where, h, c, o) for c, o in zip(kv, okv)) for kv, okv, h in zip(new, old, holds)]
         new_entries.append([tuple(ops.index_put(c, [local(c)], nc) for c, nc in zip(kv, nkv)) for kv, nkv in zip(entries[m], new)])
         logits = out if logits is None else torch.where(_holds_row(row, start=start, n=n)[:, :, :, 0], out, logits)
     return logits, new_entries
@@ -390,62 +408,65 @@ def export_llama(
         paths, rows = list(cache.paths), list(cache.rows)
 
         def decode(module, tokens, positions, *cache_leaves):
-            return forward_masked(module, tokens, positions, None, cache_leaves, window=None)
+            return forward_masked(module, tokens, positions, None, None, cache_leaves, window=None)
 
-        def prefill(module, tokens, positions, *cache_leaves):
-            return forward_masked(module, tokens, positions, None, cache_leaves, window=tokens.shape[1])
+        def prefill(module, tokens, positions, keep, *cache_leaves):
+            return forward_masked(module, tokens, positions, None, keep, cache_leaves, window=tokens.shape[1])
 
-        def prefill_rows(module, tokens, positions, lengths, *cache_leaves):
-            return forward_masked(module, tokens, positions, lengths, cache_leaves, window=tokens.shape[1])
+        def prefill_rows(module, tokens, positions, lengths, keep, *cache_leaves):
+            return forward_masked(module, tokens, positions, lengths, keep, cache_leaves, window=tokens.shape[1])
 
-        def forward_masked(module, tokens, positions, lengths, cache_leaves, window):
+        def forward_masked(module, tokens, positions, lengths, keep, cache_leaves, window):
             """prefill or decode; with ``lengths``, prefill_rows (a row's tokens past its length
-            are padding). ``window``: the cache entries attended (a prompt's ``S``; decode: all)."""
+            are padding). ``window``: the cache entries attended (a prompt's ``S``; decode: all).
+            ``keep``: the positions whose logits a prefill returns (:data:`KEEP`)."""
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             stages = module.stages()
             logits, new_entries = [], []
             # Padding: a row's tokens from its length on (their cache writes are dropped).
             padding = () if lengths is None else (torch.arange(tokens.shape[1])[None, :] >= lengths[:, None],)
-            inputs = {first_device: (tokens, positions, *padding)}  # device -> the whole inputs there
+            kept = () if keep is None else (keep,)
+            inputs = {first_device: (tokens, positions, *kept, *padding)}  # device -> the whole inputs there
             for m, (path, (start, n)) in enumerate(zip(paths, rows)):
                 # Each path takes its rows on its own first device. The whole inputs move
                 # there before the slicing: IREE 3.10 cannot partition a transfer of a slice.
                 origin = model.input_device(path)
                 if origin not in inputs:
                     inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in inputs[first_device])
-                tok, pos, *pad = (a[start : start + n] for a in inputs[origin])
-                out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad[0] if pad else None, window=window)
+                tok, pos, *rest = (a[start : start + n] for a in inputs[origin])
+                kept, pad = (rest[0] if keep is not None else None), (rest[-1] if padding else None)
+                out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad, window=window, keep=kept)
                 logits.append(out)
                 new_entries.append(e)
             flat_new = pytree.tree_leaves(new_entries)
             return (logits_out(torch.cat(logits, 0) if len(logits) > 1 else logits[0]), *flat_new)
 
-        def prefill_chunk(module, tokens, positions, row, span, *cache_leaves):
+        def prefill_chunk(module, tokens, positions, row, span, keep, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
-            out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=span.shape[0], rows=row)
+            out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=span.shape[0], rows=row, keep=keep)
             return (logits_out(out), *pytree.tree_leaves([new]))
 
-        def forward_row(module, tokens, positions, row, *cache_leaves):
+        def forward_row(module, tokens, positions, row, keep, *cache_leaves):
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             if len(paths) == 1:
                 # One microbatch: a prompt from position 0 written into row `row` as a chunk is,
                 # attending over its own S entries. (The row-slice form below, zeros written
                 # back, gave wrong logits in IREE 3.10 for SmolLM2 at 1024 and 2048 entries.)
-                out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=tokens.shape[1], rows=row)
+                out, new = model.forward_path(tokens, positions, entries[0], paths[0], module.stages(), window=tokens.shape[1], rows=row, keep=keep)
                 new_entries = [new]
             else:
-                out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, entries, paths, rows, first_device)
+                out, new_entries = _prefill_row(model, module.stages(), tokens, positions, row, keep, entries, paths, rows, first_device)
             return (logits_out(out), *pytree.tree_leaves(new_entries))
 
         cache_args = cache_arg_specs(leaves, cache_devices)
         # kind -> (rows of tokens, example length, index arguments, traced function);
         # prefill_row(s)_bs1 would be prefill_bs1: exported only for batches of several rows.
-        kinds = {"prefill": (b, 8, (), prefill), "decode": (b, 1, (), decode)}
+        kinds = {"prefill": (b, 8, (KEEP(b),), prefill), "decode": (b, 1, (), decode)}
         if b > 1:
-            kinds["prefill_row"] = (1, 8, (("row", [1]),), forward_row)
-            kinds["prefill_rows"] = (b, 8, (("lengths", [b]),), prefill_rows)
+            kinds["prefill_row"] = (1, 8, (("row", [1]), KEEP(1)), forward_row)
+            kinds["prefill_rows"] = (b, 8, (("lengths", [b]), KEEP(b)), prefill_rows)
         if len(paths) == 1:  # a runtime row in one of several microbatches is not built yet
-            kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"])), prefill_chunk)
+            kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"]), KEEP(1)), prefill_chunk)
         for kind, (rows_in, seq, extra, fn) in kinds.items():
             if functions is not None and kind not in functions:
                 continue
@@ -453,18 +474,19 @@ def export_llama(
             tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
             positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
             named = [("tokens", tokens, [rows_in, 1 if kind == "decode" else "S"]), ("positions", positions, [rows_in, 1 if kind == "decode" else "S"])]
-            named += [(n, torch.zeros([seq + 4 if d == "W" else d for d in shape], dtype=torch.int64), shape) for n, shape in extra]
+            named += [(n, _example(shape, seq), shape) for n, shape in extra]
             args = (*(a for _, a, _ in named), *leaves)
             dynamic = None
             if kind != "decode":
                 s = torch.export.Dim("seq_len", min=2, max=t)
                 w = torch.export.Dim("window", min=2, max=t)
-                extra_dims = [{0: w} if shape == ["W"] else None for _, shape in extra]
+                k = torch.export.Dim("kept", min=1, max=t)
+                extra_dims = [{0: w} if shape == ["W"] else {1: k} if n == "keep" else None for n, shape in extra]
                 dynamic = ({1: s}, {1: s}, *extra_dims, tuple([None] * len(leaves)))
             devices = [first_device] * len(named) + cache_devices
             arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
             trace_program(fxb, fn, args, name=name, arg_device=arg_device, dynamic=dynamic, attention_as_matmuls=attention_as_matmuls, cpu_kernels=cpu_kernels)
-            length = 1 if kind == "decode" else "S"
+            length = 1 if kind == "decode" else "K"
             specs[name] = {
                 "batch_size": b,
                 "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, _, shape in named] + cache_args,
@@ -483,8 +505,9 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
     allocated: a dynamic dim), and each call takes its rows' page tables
     (``layers.attention``):
 
-    - ``prefill_paged_bs1(tokens[1, S], positions[1, S], pages[1, Wp], *pool)``: a chunk of one
-      sequence written through its first ``Wp`` pages, attending over them;
+    - ``prefill_paged_bs1(tokens[1, S], positions[1, S], pages[1, Wp], keep[1, K], *pool)``: a
+      chunk of one sequence written through its first ``Wp`` pages, attending over them,
+      returning the logits of its positions ``keep`` (:func:`KEEP`);
     - ``decode_paged_bs{B}(tokens[B, 1], positions[B, 1], pages[B, M], *pool)``: one token per
       row over all ``M = ceil(max_seq_len / page_size)`` table entries (the unused ones point
       at any page: the causal mask keeps them unread)."""
@@ -500,9 +523,15 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
     pool = model.new_pool(example, page_size, placeholder=True)
     leaves, spec, pool_devices = _flat_cache(pool)
 
-    def paged(module, tokens, positions, pages, *pool_leaves):
+    def paged_decode(module, tokens, positions, pages, *pool_leaves):
+        return paged(module, tokens, positions, pages, None, pool_leaves)
+
+    def paged_prefill(module, tokens, positions, pages, keep, *pool_leaves):
+        return paged(module, tokens, positions, pages, keep, pool_leaves)
+
+    def paged(module, tokens, positions, pages, keep, pool_leaves):
         entries = pytree.tree_unflatten(list(pool_leaves), spec)
-        out, new = model.forward_path(tokens, positions, entries[0], 0, module.stages(), window=pages.shape[1] * page_size, pages=pages)
+        out, new = model.forward_path(tokens, positions, entries[0], 0, module.stages(), window=pages.shape[1] * page_size, pages=pages, keep=keep)
         return (logits_out(out), *pytree.tree_leaves([new]))
 
     pool_dim = torch.export.Dim("pool_pages", min=2)
@@ -514,17 +543,23 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
         tokens = torch.zeros(rows_in, seq, dtype=torch.int64)
         positions = torch.arange(seq)[None, :].expand(rows_in, seq).clone()
         pages = torch.zeros(rows_in, table, dtype=torch.int64)
-        length = 1 if kind == "decode_paged" else "S"
+        named = [("tokens", [rows_in, 1]), ("positions", [rows_in, 1]), ("pages", [rows_in, most])]
         if kind == "prefill_paged":
             s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
             wp = torch.export.Dim("window_pages", min=2, max=most)
-            dynamic = ({1: s}, {1: s}, {1: wp}, tuple({0: pool_dim} for _ in leaves))
+            k = torch.export.Dim("kept", min=1, max=max_seq_len)
+            named = [("tokens", [1, "S"]), ("positions", [1, "S"]), ("pages", [1, "Wp"]), KEEP(1)]
+            indices = (tokens, positions, pages, _example(KEEP(1)[1], seq))
+            dynamic = ({1: s}, {1: s}, {1: wp}, {1: k}, tuple({0: pool_dim} for _ in leaves))
+            fn = paged_prefill
         else:
+            indices = (tokens, positions, pages)
             dynamic = (None, None, None, tuple({0: pool_dim} for _ in leaves))
-        devices = [first_device] * 3 + pool_devices
+            fn = paged_decode
+        devices = [first_device] * len(indices) + pool_devices
         arg_device = {i: DeviceAffinity(d) for i, d in enumerate(devices)}
-        trace_program(fxb, paged, (tokens, positions, pages, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, **trace)
-        named = [("tokens", [rows_in, length]), ("positions", [rows_in, length]), ("pages", [rows_in, "Wp" if kind == "prefill_paged" else most])]
+        trace_program(fxb, fn, (*indices, *leaves), name=name, arg_device=arg_device, dynamic=dynamic, **trace)
+        length = 1 if kind == "decode_paged" else "K"
         specs[name] = {
             "batch_size": rows_in,
             "args": [{"name": n, "shape": shape, "dtype": "int64", "device": first_device} for n, shape in named] + pool_args,

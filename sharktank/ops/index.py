@@ -1,4 +1,4 @@
-"""Indexing ops: index_select, index_put.
+"""Indexing ops: index_select, take_along_dim, index_put.
 
 Rule: the indexed dims must not be split; a split on any other dim stays split and the op
 runs shard by shard. Index tensors are plain or replicated. ``index_put`` is functional
@@ -15,7 +15,7 @@ from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimi
 from ._build import ShardingError, like, norm_dim
 from ._dispatch import sharded_op
 
-__all__ = ["index_select", "index_put"]
+__all__ = ["index_select", "take_along_dim", "index_put"]
 
 AnyTensor = torch.Tensor | ShardedTensor
 
@@ -58,6 +58,40 @@ def select_rows(t, dim: int, index: torch.Tensor):
     shape = list(t.shape)
     shape[d] = index.shape[0]
     return t.with_blocks(torch.index_select(t.blocks, d, index), shape)
+
+
+@sharded_op(nargs=2)
+def take_along_dim(t: AnyTensor, index: AnyTensor, dim: int) -> AnyTensor:
+    """``torch.take_along_dim``: the values of ``t`` at ``index`` along ``dim``. ``index`` has
+    ``t``'s rank, and each of its other dims is 1 (broadcast) or ``t``'s size. ``dim`` must not
+    be split, and a split dim of ``t`` must have size 1 in ``index``; the index is replicated
+    or plain."""
+
+
+@take_along_dim.register(torch.Tensor, torch.Tensor)
+def _take_along_dim_torch(t, index, dim):
+    # A gather of the broadcast index: torch.export keeps ``t``'s dims dynamic through it,
+    # where take_along_dim's own broadcast specialises them to the example's sizes.
+    d = norm_dim(dim, t.ndim)
+    shape = list(t.shape)
+    shape[d] = index.shape[d]
+    return torch.gather(t, d, index.expand(shape))
+
+
+@take_along_dim.register(object, object)
+def _take_along_dim(t, index, dim):
+    if not isinstance(t, ShardedTensor):
+        return like(index, [_take_along_dim_torch(t, i, dim) for i in _index_shards(index, index.shard_count, "take_along_dim")])
+    d = norm_dim(dim, t.ndim)
+    if isinstance(t, UnreducedTensor):
+        raise ShardingError(f"ops.take_along_dim of an UnreducedTensor {t!r}: all_reduce first")
+    if isinstance(t, SplitPrimitiveTensor) and (t.shard_dim == d or index.shape[t.shard_dim] != 1):
+        raise ShardingError(
+            f"ops.take_along_dim along dim {d} of {list(t.shape)} (split {t.shard_sizes} on dim {t.shard_dim}) with an index "
+            f"of shape {list(index.shape)}: the split dim must be another one, of size 1 in the index"
+        )
+    idx = _index_shards(index, t.shard_count, "take_along_dim")
+    return like(t, [_take_along_dim_torch(s, i, d) for s, i in zip(t.shards, idx)])
 
 
 @sharded_op(nargs=1)

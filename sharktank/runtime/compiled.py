@@ -24,7 +24,7 @@ import torch
 
 from ..export.compile import TARGETS
 from ..export.manifest import ArgSpec, ArtifactError, FunctionSpec, Manifest, find_function, path_inside
-from .inputs import InputError, check_chunk
+from .inputs import InputError, check_chunk, check_keep, kept_logits, last_positions
 from .paged import PagedCalls
 from .session import WORKER_SPIN_US, Session
 from .verified import VerifiedFiles
@@ -76,19 +76,23 @@ class PrefillDecode:
     def idle(self) -> None:
         pass
 
-    def prefill(self, tokens: torch.Tensor, cache: list | None = None) -> tuple[torch.Tensor, list]:
-        """``(logits [B, S, vocab], cache)`` for a prompt from position 0."""
+    def prefill(self, tokens: torch.Tensor, cache: list | None = None, *, logits: str = "all") -> tuple[torch.Tensor, list]:
+        """``(logits [B, S, vocab], cache)`` for a prompt from position 0. ``logits="last"``:
+        only each row's last position's, ``[B, 1, vocab]``: what generation needs, and the
+        final norm and LM head then run for that position only (every prefill method takes
+        it; an artifact exported before it existed computes all and returns the same)."""
         _check_tokens(tokens)
         cache = cache if cache is not None else self.new_cache(tokens.shape[0])
         positions = torch.arange(tokens.shape[1])[None, :].expand(tokens.shape[0], -1).contiguous()
-        return self.forward("prefill", tokens, positions, cache)
+        return self.forward("prefill", tokens, positions, cache, keep=last_positions(logits, [tokens.shape[1] - 1] * tokens.shape[0]))
 
-    def prefill_row(self, tokens: torch.Tensor, row: int, cache: list) -> tuple[torch.Tensor, list]:
+    def prefill_row(self, tokens: torch.Tensor, row: int, cache: list, *, logits: str = "all") -> tuple[torch.Tensor, list]:
         """``(logits [1, S, vocab], cache)`` for one prompt ``[1, S]`` prefilled from position 0
         into batch row ``row`` of ``cache`` (a cache of any exported batch size, from
         :meth:`new_cache` or a previous call); past the prompt the row keeps what it held (a
         program of several microbatches writes zeros there), never read (the causal mask:
-        the row's next writes come first), and the other rows are left as they were."""
+        the row's next writes come first), and the other rows are left as they were.
+        ``logits="last"``: ``[1, 1, vocab]`` (:meth:`prefill`)."""
         _check_tokens(tokens)
         if tokens.shape[0] != 1:
             raise InputError(f"prefill_row takes one prompt (tokens [1, S]), found tokens {list(tokens.shape)}")
@@ -96,11 +100,14 @@ class PrefillDecode:
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:
             raise InputError(f"row must be an integer in [0, {batch}) for a batch-{batch} cache, found {row!r}")
         positions = torch.arange(tokens.shape[1])[None, :]
+        keep = last_positions(logits, [tokens.shape[1] - 1])
         if batch == 1:  # prefill_row_bs1 would be prefill_bs1 (not exported)
-            return self.forward("prefill", tokens, positions, cache)
-        return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row)
+            return self.forward("prefill", tokens, positions, cache, keep=keep)
+        return self.forward("prefill_row", tokens, positions, cache, batch=batch, row=row, keep=keep)
 
-    def prefill_rows(self, prompts: Sequence[Sequence[int]], rows: Sequence[int], cache: list) -> tuple[list[torch.Tensor], list]:
+    def prefill_rows(
+        self, prompts: Sequence[Sequence[int]], rows: Sequence[int], cache: list, *, logits: str = "all"
+    ) -> tuple[list[torch.Tensor], list]:
         """``(logits, cache)``: each prompt ``prompts[i]`` (token ids) prefilled from position 0
         into batch row ``rows[i]`` of ``cache`` in one ``prefill_rows_bs{B}`` call; ``logits[i]``
         is prompt ``i``'s ``[len(prompts[i]), vocab]``. Every prompt is right-padded to the
@@ -109,7 +116,8 @@ class PrefillDecode:
         bit for bit. What a named row holds past its own prompt is never attended to (causal
         mask). Whether a few prompts are better prefilled one :meth:`prefill_row` each (which
         computes one row only: cheaper where prefill is compute-bound) is the caller's choice;
-        the serving scheduler makes it (``serving.scheduler.prefill_calls``)."""
+        the serving scheduler makes it (``serving.scheduler.prefill_calls``). ``logits="last"``:
+        each ``logits[i]`` is its prompt's last position's, ``[1, vocab]`` (:meth:`prefill`)."""
         batch = self._cache_batch(cache)
         if not isinstance(prompts, (list, tuple)) or not isinstance(rows, (list, tuple)) or len(prompts) != len(rows) or not prompts:
             raise InputError(f"prefill_rows takes as many rows as prompts (at least one), found {_count(prompts)} prompts and {_count(rows)} rows")
@@ -126,10 +134,11 @@ class PrefillDecode:
             tokens[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.int64)
             lengths[row] = len(prompt)
         positions = torch.arange(s)[None, :].expand(batch, -1).contiguous()
-        out, cache = self.forward("prefill_rows", tokens, positions, cache, lengths=lengths)
-        return [out[row, : len(prompt)] for prompt, row in zip(prompts, rows)], cache
+        keep = last_positions(logits, [max(n - 1, 0) for n in lengths])
+        out, cache = self.forward("prefill_rows", tokens, positions, cache, lengths=lengths, keep=keep)
+        return [out[row, : 1 if keep else len(prompt)] for prompt, row in zip(prompts, rows)], cache
 
-    def prefill_chunk(self, prompt: Sequence[int], start: int, end: int, row: int, cache: list) -> tuple[torch.Tensor, list]:
+    def prefill_chunk(self, prompt: Sequence[int], start: int, end: int, row: int, cache: list, *, logits: str = "all") -> tuple[torch.Tensor, list]:
         """``(logits [end - start, vocab], cache)``: ``prompt[start:end]`` (token ids) written into
         batch row ``row`` at positions ``start .. end - 1``, attending over the row's entries
         ``0 .. end - 1``; entries before ``start`` must hold ``prompt[:start]`` (an earlier chunk,
@@ -139,7 +148,8 @@ class PrefillDecode:
         The exported chunk is at least 2 tokens: a one-token chunk is run as the two tokens
         ending at it (the earlier token's entries are rewritten with what they hold, up to
         rounding), and a one-token prompt as itself plus a dummy token at position 1, which the
-        sequence's next write (its first decode step) replaces before anything reads it."""
+        sequence's next write (its first decode step) replaces before anything reads it.
+        ``logits="last"``: the chunk's last position's, ``[1, vocab]`` (:meth:`prefill`)."""
         batch = self._cache_batch(cache)
         spec = self.find("prefill_chunk", batch)
         if spec is None:
@@ -156,8 +166,9 @@ class PrefillDecode:
             ids = [*ids, 0]
         tokens = torch.tensor([ids], dtype=torch.int64)
         positions = torch.arange(first, first + len(ids))[None, :]
-        out, cache = self.forward("prefill_chunk", tokens, positions, cache, batch=batch, row=row, span=first + len(ids))
-        return out[0, start - first : start - first + end - start], cache
+        keep = last_positions(logits, [end - 1 - first])
+        out, cache = self.forward("prefill_chunk", tokens, positions, cache, batch=batch, row=row, span=first + len(ids), keep=keep)
+        return (out[0] if keep else out[0, start - first : start - first + end - start]), cache
 
     def decode(self, tokens: torch.Tensor, cache: list, positions: torch.Tensor) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], cache)`` for one token per sequence at ``positions`` ``[B]``."""
@@ -306,21 +317,28 @@ class CompiledModel(PagedCalls, PrefillDecode):
         row: int | None = None,
         lengths: list[int] | None = None,
         span: int | None = None,
+        keep: list[list[int]] | None = None,
     ) -> tuple[torch.Tensor, list]:
         """One call of ``{kind}_bs{batch}`` (``batch``: by default the tokens' rows; ``row``:
         the batch row a ``prefill_row`` function writes; ``lengths``: each row's real tokens,
-        for ``prefill_rows``)."""
+        for ``prefill_rows``; ``keep``: per row, the positions whose logits a prefill
+        returns, ``[B, K, vocab]``; None: all of them)."""
         _check_tokens(tokens)
         spec = self.function(kind, tokens.shape[0] if batch is None else batch)
         self.check_inputs(spec, tokens, positions, cache)
+        check_keep(keep, tokens.shape)
         devices = [a.device for a in spec.args]
+        takes_keep = any(a.name == "keep" for a in spec.args)
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
-        for extra in ([row] if row is not None else None, lengths, list(range(span)) if span is not None else None):
+        everything = [list(range(tokens.shape[1]))] * tokens.shape[0]
+        for extra in ([row] if row is not None else None, lengths, list(range(span)) if span is not None else None, (keep or everything) if takes_keep else None):
             if extra is not None:
                 inputs.append(self.session.place(np.array(extra, np.int64), devices[len(inputs)]))
         out = self.session.invoke(spec.name, [*inputs, *cache])
         logits = self._to_torch(out[0])
+        if keep is not None and not takes_keep:  # exported before `keep` existed: every position came back
+            logits = kept_logits(logits, keep)
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])
 
@@ -346,7 +364,7 @@ def generate_greedy(model, tokens: torch.Tensor, max_new_tokens: int) -> tuple[t
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens must be >= 0, found {max_new_tokens}")
     b, s = tokens.shape
-    logits, cache = model.prefill(tokens)
+    logits, cache = model.prefill(tokens, logits="last")
     steps = [logits[:, -1]]
     ids = []
     pos = torch.full((b,), s, dtype=torch.int64)

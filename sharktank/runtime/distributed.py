@@ -53,6 +53,7 @@ import torch
 
 from ..export.manifest import FunctionSpec, HostsManifest, path_inside
 from .compiled import ArtifactError, CompiledModel, InputError, ModelLost, PrefillDecode
+from .inputs import check_keep, kept_logits
 
 __all__ = ["DistributedError", "DistributedEnv", "DistributedModel", "HostProgram", "read_hosts_manifest", "DEFAULT_TIMEOUT_S", "HEARTBEAT_S"]
 
@@ -315,9 +316,10 @@ class DistributedModel(PrefillDecode):
 
     def forward(
         self, kind: str, tokens: torch.Tensor, positions: torch.Tensor, cache: list, *,
-        batch: int | None = None, row: int | None = None, lengths: list[int] | None = None,
+        batch: int | None = None, row: int | None = None, lengths: list[int] | None = None, keep: list[list[int]] | None = None,
     ) -> tuple[torch.Tensor, list]:
-        """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`).
+        """One call of ``{kind}_bs{batch}`` down the pipeline (as :meth:`CompiledModel.forward`;
+        the last host computes every position's logits and ``keep`` selects them here).
         The pipeline's wire protocol carries prefill, decode and prefill_row: a ``lengths``
         call (``prefill_rows``) is refused. Host programs export no ``prefill_rows`` function,
         so :meth:`PrefillDecode.prefill_rows` refuses before it comes here and the serving
@@ -327,6 +329,7 @@ class DistributedModel(PrefillDecode):
             raise InputError(f"a multi-host pipeline runs {', '.join(_OPS)} calls, not {kind}{' with lengths' if lengths is not None else ''}")
         spec = self.program.function(kind, batch)
         self.program.check_inputs(spec, tokens, positions, cache)
+        check_keep(keep, tokens.shape)
         with self._exchange():
             t0 = time.perf_counter()
             hidden, cache = self.program.call(kind, tokens.numpy(), positions.numpy(), cache, batch=batch, row=row)
@@ -336,6 +339,8 @@ class DistributedModel(PrefillDecode):
             self._last_heard = time.monotonic()
         if self.manifest.dtype == "bfloat16":
             logits = logits.view(torch.bfloat16)
+        if keep is not None:
+            logits = kept_logits(logits, keep)
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, cache
 

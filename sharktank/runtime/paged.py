@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..export.manifest import FunctionSpec
-from .inputs import InputError, check_chunk, int_list
+from .inputs import InputError, check_chunk, int_list, kept_logits, last_positions
 
 __all__ = ["PagedCalls"]
 
@@ -75,14 +75,18 @@ class PagedCalls:
             raise InputError(f"{spec.name} takes a pool from new_pool ({len(want)} arrays of [P, {', '.join(map(str, want[0]))}]), found {shapes!r:.200}")
         return shapes[0][0]
 
-    def _invoke_paged(self, spec: FunctionSpec, tokens, positions, pages, pool) -> tuple[torch.Tensor, list]:
+    def _invoke_paged(self, spec: FunctionSpec, tokens, positions, pages, pool, keep=None) -> tuple[torch.Tensor, list]:
         import time
 
         devices = [a.device for a in spec.args]
+        takes_keep = any(a.name == "keep" for a in spec.args)
         t0 = time.perf_counter()
-        inputs = [self.session.place(np.asarray(v, np.int64), devices[i]) for i, v in enumerate((tokens, positions, pages))]
+        indices = (tokens, positions, pages) + (((keep or [list(range(len(tokens[0])))]),) if takes_keep else ())
+        inputs = [self.session.place(np.asarray(v, np.int64), devices[i]) for i, v in enumerate(indices)]
         out = self.session.invoke(spec.name, [*inputs, *pool])
         logits = self._to_torch(out[0])
+        if keep is not None and not takes_keep:  # exported before `keep` existed: every position came back
+            logits = kept_logits(logits, keep)
         self.timings.setdefault(spec.kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])
 
@@ -94,14 +98,18 @@ class PagedCalls:
         if len(table) > self.max_pages:
             raise InputError(f"{what}: at most {self.max_pages} pages a sequence (max_seq_len {self._paged_spec('prefill_paged', 1).max_seq_len}), found {len(table)}")
 
-    def prefill_paged(self, prompt: Sequence[int], start: int, end: int, pages: Sequence[int], pool: list) -> tuple[torch.Tensor, list]:
+    def prefill_paged(
+        self, prompt: Sequence[int], start: int, end: int, pages: Sequence[int], pool: list, *, logits: str = "all"
+    ) -> tuple[torch.Tensor, list]:
         """``(logits [end - start, vocab], pool)``: ``prompt[start:end]`` written at positions
         ``start .. end - 1`` of the sequence whose page table is ``pages``, attending over its
         positions ``0 .. end - 1`` (those before ``start`` must already hold ``prompt[:start]``:
         an earlier chunk, or cached pages of the same tokens). Only the pages the chunk's
         positions fall in are written. A one-token chunk runs with a dummy token after it, so
         ``pages`` must then also cover position ``end`` (which the sequence's next write, its
-        first decode step, replaces before anything reads it)."""
+        first decode step, replaces before anything reads it). ``logits="last"``: the chunk's
+        last position's, ``[1, vocab]`` (:meth:`~sharktank.runtime.compiled.PrefillDecode.prefill`)."""
+        keep = last_positions(logits, [end - start - 1])
         spec = self._paged_spec("prefill_paged", 1)
         check_chunk(prompt, start, end)
         prompt, table = list(prompt), int_list(pages, "pages")
@@ -112,8 +120,8 @@ class PagedCalls:
             raise InputError(f"token ids must be in [0, {self.vocab_size}), found {min(ids)}..{max(ids)}")
         used = max(-(-(start + len(ids)) // spec.page_size), 2)  # the exported table is at least 2 pages
         window = (table + [table[0]] * 2)[:used]
-        out, pool = self._invoke_paged(spec, [ids], [list(range(start, start + len(ids)))], [window], pool)
-        return out[0, : end - start], pool
+        out, pool = self._invoke_paged(spec, [ids], [list(range(start, start + len(ids)))], [window], pool, keep)
+        return (out[0] if keep else out[0, : end - start]), pool
 
     def decode_paged(self, tokens: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]], pool: list) -> tuple[torch.Tensor, list]:
         """``(logits [B, 1, vocab], pool)``: token ``tokens[b]`` at position ``positions[b]`` of

@@ -275,18 +275,18 @@ class Engine:
             if self.chunk_tokens is not None:  # chunked mode: one chunk a call
                 (p,) = call.rows
                 if self.page_size is not None:
-                    out, self._cache = self.model.prefill_paged(p.request.prompt, p.start, p.end, list(p.pages), self._cache)
+                    out, self._cache = self.model.prefill_paged(p.request.prompt, p.start, p.end, list(p.pages), self._cache, logits="last")
                 else:
-                    out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache)
+                    out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache, logits="last")
                 logits = [out]
                 if not p.last:
                     return
             elif len(call.rows) == 1:  # the scheduler's choice (prefill_calls): one row computed alone
                 (p,) = call.rows
-                out, self._cache = self.model.prefill_row(torch.tensor([list(p.tokens)], dtype=torch.int64), p.row, self._cache)
+                out, self._cache = self.model.prefill_row(torch.tensor([list(p.tokens)], dtype=torch.int64), p.row, self._cache, logits="last")
                 logits = [out[0]]
             else:
-                logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache)
+                logits, self._cache = self.model.prefill_rows([p.tokens for p in call.rows], [p.row for p in call.rows], self._cache, logits="last")
         except ModelLost:
             raise
         except Exception as e:  # these requests fail; the scheduler frees their rows

@@ -37,7 +37,7 @@ def generate_text(
     """Generate from ``prompt_ids``; ``on_text`` receives each piece of final text as it comes."""
     sampler = Sampler(params)
     stream = DetokenizeStream(tokenizer, stop)
-    logits, cache = model.prefill(torch.tensor([list(prompt_ids)], dtype=torch.int64))
+    logits, cache = model.prefill(torch.tensor([list(prompt_ids)], dtype=torch.int64), logits="last")
     ids: list[int] = []
     finish = "length"
     for step in range(params.max_tokens):

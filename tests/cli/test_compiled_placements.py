@@ -49,13 +49,16 @@ def test_compiled_matches_eager(tmp_path_factory, name, layers, kwargs, batch, t
     model = load_model(checkpoint(str(root), layers), **kwargs)
     out = tmp_path_factory.mktemp(name) / "art"
     manifest = export_artifact(model, out, source=str(checkpoint(str(root), layers)), batch_sizes=(batch,), max_seq_len=16)
-    want_transfers = {f"prefill_bs{batch}": transfers, f"decode_bs{batch}": transfers}
+    # Each prefill also sends its kept positions (whose logits it returns) from device 0 to
+    # the devices of the head that are not device 0: 1 (tp2, pp2); 4, the second V's end.
+    kept = 1
+    want_transfers = {f"prefill_bs{batch}": transfers + kept, f"decode_bs{batch}": transfers}
     if batch > 1:  # prefill_row also sends the row index from device 0 to the 7 others
-        want_transfers[f"prefill_row_bs{batch}"] = transfers + 7
+        want_transfers[f"prefill_row_bs{batch}"] = transfers + 7 + kept
         # prefill_rows: the padding mask goes where the positions go (the 7 other devices)
-        want_transfers[f"prefill_rows_bs{batch}"] = transfers + 7
+        want_transfers[f"prefill_rows_bs{batch}"] = transfers + 7 + kept
     if name != "dualpipev":  # one microbatch: prefill_chunk, whose row index goes to the other device
-        want_transfers[f"prefill_chunk_bs{batch}"] = transfers + 1
+        want_transfers[f"prefill_chunk_bs{batch}"] = transfers + 1 + kept
     assert manifest.transfers == want_transfers
     compiled = CompiledModel(out)
     tokens = torch.tensor([[3, 14, 15, 9, 2, 6], [5, 35, 8, 9, 7, 9]])[:batch]

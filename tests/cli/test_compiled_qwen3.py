@@ -36,8 +36,9 @@ def test_compiled_qwen3_matches_eager(tmp_path):
     manifest = export_artifact(model, tmp_path / "art", source=str(ckpt), batch_sizes=(1,), max_seq_len=16)
     # 2 blocks x 2 all_reduces x 2, one stage boundary of 2 shards, the LM-head gather, tokens
     # to device 1 and positions to devices 1, 2 and 3: the replicated q/k norms move nothing.
-    # prefill_chunk moves its cache row index to devices 1, 2 and 3 as well.
-    assert manifest.transfers == {"prefill_bs1": 8 + 2 + 1 + 4, "decode_bs1": 8 + 2 + 1 + 4, "prefill_chunk_bs1": 8 + 2 + 1 + 4 + 3}
+    # prefill_chunk moves its cache row index to devices 1, 2 and 3 as well, and the prefills
+    # their kept positions to the last stage's devices 2 and 3.
+    assert manifest.transfers == {"prefill_bs1": 8 + 2 + 1 + 4 + 2, "decode_bs1": 8 + 2 + 1 + 4, "prefill_chunk_bs1": 8 + 2 + 1 + 4 + 3 + 2}
     # Each device's archive holds its block's norms whole (replicated), block 1's on stage 1.
     for device, block in [(0, 0), (1, 0), (2, 1), (3, 1)]:
         keys = irpa_keys(tmp_path / "art" / f"device_{device}.irpa")

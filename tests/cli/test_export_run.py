@@ -34,8 +34,9 @@ def test_export_summary_and_manifest(tp2pp2):
     # Per function: 4 blocks x 2 all_reduces x 2 transfers (two devices swap shards), 1 stage
     # boundary x 2 shards, 1 LM-head gather, and the inputs from device 0: tokens to 1,
     # positions to 1, 2 and 3.
-    # prefill_chunk also sends the row index from device 0 to the 3 others
-    assert summary["transfers"] == {"prefill_bs1": 23, "decode_bs1": 23, "prefill_chunk_bs1": 23 + 3}
+    # prefill_chunk also sends the row index from device 0 to the 3 others, and each prefill
+    # its kept positions (whose logits it returns) to the last stage's devices 2 and 3.
+    assert summary["transfers"] == {"prefill_bs1": 23 + 2, "decode_bs1": 23, "prefill_chunk_bs1": 23 + 3 + 2}
     assert summary["device_count"] == 4 and summary["module_bytes"] > 0 and summary["compile_seconds"] > 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["parallel"]["tp"] == 2 and manifest["parallel"]["pp"] == 2
@@ -201,7 +202,8 @@ def test_dualpipev_recipe_exports_path_transfers(dualpipev):
     # positions to 2 and 3 (second V). prefill_row_bs2 (one prompt, run along both Vs: the
     # row is a runtime value) moves the same and the row index from device 0 to 1, 2 and 3;
     # prefill_rows_bs2 moves prefill_bs2's and the padding mask where the positions go (1, 2, 3).
-    assert summary["transfers"] == {"prefill_bs2": 4 + 1 + 3, "decode_bs2": 4 + 1 + 3, "prefill_row_bs2": 4 + 1 + 3 + 3, "prefill_rows_bs2": 4 + 1 + 3 + 3}
+    # Each prefill sends its kept positions to the second V's head on device 2 (1).
+    assert summary["transfers"] == {"prefill_bs2": 4 + 1 + 3 + 1, "decode_bs2": 4 + 1 + 3, "prefill_row_bs2": 4 + 1 + 3 + 3 + 1, "prefill_rows_bs2": 4 + 1 + 3 + 3 + 1}
     mlir = (d / "model.mlir").read_text()
     hops = sorted(set(re.findall(r"flow\.tensor\.transfer .* to #hal\.device\.promise<@__device_(\d)>", mlir)))
     assert hops == ["0", "1", "2", "3"]

@@ -33,9 +33,9 @@ def artifact(tmp_path_factory):
 
 def test_chunks_equal_the_whole_prompt_and_leave_other_rows(artifact):
     model, manifest, compiled = artifact
-    # tokens, positions and the row index go from device 0 to device 1 (3), and per block
-    # the two all_reduces of two devices (2 x 2 x 2) and the LM-head gather (1).
-    assert manifest.transfers["prefill_chunk_bs3"] == 3 + 2 * 2 * 2 + 1
+    # tokens, positions, the row index and the kept positions go from device 0 to device 1
+    # (4), and per block the two all_reduces of two devices (2 x 2 x 2) and the LM-head gather (1).
+    assert manifest.transfers["prefill_chunk_bs3"] == 4 + 2 * 2 * 2 + 1
     cache = compiled.new_cache(3)
     _, cache = compiled.prefill_rows(list(OTHERS.values()), list(OTHERS), cache)
     logits = []
@@ -68,6 +68,34 @@ def test_a_prompt_continuing_a_rows_prefix_and_a_one_token_prompt(artifact):
     assert (out - want[8:]).abs().max().item() <= 1e-4
     out, _ = compiled.prefill_chunk([PROMPT[0]], 0, 1, 0, compiled.new_cache(1))
     assert (out - model.prefill(torch.tensor([PROMPT[:1]]))[0]).abs().max().item() <= 1e-4
+
+
+def test_last_logits_are_each_prompts_last_position(artifact):
+    """``logits="last"``: each prefill kind returns its prompt's (or chunk's) last position's
+    logits only, through the exported ``keep`` index (the final norm and LM head run for
+    those positions alone: the function's result has one position), equal to that position
+    of ``logits="all"`` and of eager."""
+    model, manifest, compiled = artifact
+    assert [a.name for a in manifest.functions["prefill_bs3"].inputs] == ["tokens", "positions", "keep"]
+    assert [a.name for a in manifest.functions["prefill_chunk_bs3"].inputs] == ["tokens", "positions", "row", "span", "keep"]
+    tokens = torch.tensor([PROMPT])
+    every, _ = compiled.prefill(tokens)
+    last, _ = compiled.prefill(tokens, logits="last")
+    assert every.shape == (1, len(PROMPT), 64) and last.shape == (1, 1, 64)
+    assert (last[:, 0] - every[:, -1]).abs().max().item() <= 1e-5
+    assert (last[0, 0] - model.prefill(tokens)[0, -1]).abs().max().item() <= 1e-4
+
+    prompts = [OTHERS[2], PROMPT, OTHERS[0]]  # three lengths: each row's own last position
+    got, cache = compiled.prefill_rows(prompts, [0, 1, 2], compiled.new_cache(3), logits="last")
+    for p, out in zip(prompts, got):
+        assert out.shape == (1, 64)
+        assert (out[0] - model.prefill(torch.tensor([p]))[0, -1]).abs().max().item() <= 1e-4
+    # A chunk's last position, and a one-token chunk's (run as two tokens ending at it).
+    for start, end in ((5, 13), (12, 13)):
+        out, _ = compiled.prefill_chunk(PROMPT, start, end, 1, cache, logits="last")
+        assert out.shape == (1, 64) and (out[0] - every[0, -1]).abs().max().item() <= 1e-4
+    with pytest.raises(InputError, match=r"logits must be one of \('all', 'last'\), found 'first'"):
+        compiled.prefill(tokens, logits="first")
 
 
 @pytest.mark.parametrize(

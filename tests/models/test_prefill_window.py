@@ -1,6 +1,7 @@
 """A prefill attends over the prompt's own cache entries only (the ``window``), so what the
 cache holds past the prompt is never read: NaNs there leave the logits equal to a fresh
-cache's, and the eager model refuses positions past the window."""
+cache's, and the eager model refuses positions past the window. ``keep`` picks the positions
+whose logits a forward returns."""
 
 from __future__ import annotations
 
@@ -48,3 +49,23 @@ def test_forward_refuses_positions_past_the_window():
     model = load_model("toy-llama")
     with pytest.raises(ValueError, match="past the attended window of 4 cache entries"):
         model.forward(PROMPT[:, :4], torch.arange(2, 6)[None, :], model.new_cache(1, 16), window=4)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"tp": 2}, {"pp": 2}])
+def test_keep_gives_those_positions_logits(kwargs):
+    """``keep``: each row's chosen positions' logits ``[B, K, vocab]`` (the head runs for those
+    positions only), equal to the same positions of the whole forward's."""
+    model = load_model("toy-llama", **kwargs)
+    tokens = torch.cat([PROMPT, PROMPT.flip(1)])
+    positions = torch.arange(8)[None].expand(2, -1)
+    every = model.forward(tokens, positions, model.new_cache(2, 16), window=8)
+    keep = torch.tensor([[7, 0], [2, 5]])
+    got = model.forward(tokens, positions, model.new_cache(2, 16), window=8, keep=keep)
+    assert got.shape == (2, 2, model.config.vocab_size)
+    torch.testing.assert_close(got, torch.take_along_dim(every, keep[:, :, None], 1), rtol=0, atol=1e-5)
+
+
+def test_forward_refuses_keep_outside_the_tokens():
+    model = load_model("toy-llama")
+    with pytest.raises(ValueError, match=r"keep must be int64 \[B, K\] = \[1, K\] indices in \[0, 8\), found torch.int64 \[1, 1\] in 8..8"):
+        model.forward(PROMPT, torch.arange(8)[None], model.new_cache(1, 16), window=8, keep=torch.tensor([[8]]))

@@ -239,6 +239,22 @@ def case_index_select(draw, gen):
     )
 
 
+def case_take_along_dim(draw, gen):
+    shape = shape_of(draw)
+    d = draw(st.integers(0, len(shape) - 1))
+    # The index's other dims broadcast (1) or match; dim d takes any count of positions.
+    ishape = [draw(dims) if i == d else (1 if draw(st.booleans()) else s) for i, s in enumerate(shape)]
+    idx = torch.randint(0, shape[d], tuple(ishape), generator=gen)
+    req = [("R", "R"), ("R", "T")] + [(f"S{i}", "T") for i in range(len(shape)) if i != d and ishape[i] == 1]
+    return Built(
+        [_rand(gen, *shape), idx],
+        lambda t, i: ops.take_along_dim(t, i, d),
+        lambda t, i: torch.take_along_dim(t, i, d),
+        req,
+        no_partial=(1,),
+    )
+
+
 def case_reduce(name):
     def build(draw, gen):
         shape = shape_of(draw)
@@ -407,6 +423,7 @@ CASES: dict[str, Callable] = {
     "paged_attention": case_paged_attention,
     "index_put": case_index_put,
     "index_select": case_index_select,
+    "take_along_dim": case_take_along_dim,
     "sum": case_reduce("sum"),
     "mean": case_reduce("mean"),
     "argmax": case_argmax,

@@ -17,7 +17,7 @@ PUBLIC_OPS = [
     "reshard_split", "replicate", "reshard", "reshard_like", "unshard", "all_gather", "all_reduce",
     "reduce_scatter", "sharded_cat", "sharded_sum", "transfer_to_logical_device",
     "barrier_on_logical_device", "equal", "matmul", "linear", "elementwise", "cat", "reshape", "view",
-    "flatten", "unflatten", "transpose", "permute", "expand", "index_select", "embedding_lookup",
+    "flatten", "unflatten", "transpose", "permute", "expand", "index_select", "take_along_dim", "embedding_lookup",
     "softmax", "rms_norm", "layer_norm", "scaled_dot_product_attention", "paged_attention", "sum", "mean", "argmax", "to", "index_put",
     "add", "sub", "mul", "div",
 ]

@@ -46,7 +46,8 @@ def test_what_export_writes_reads_back_typed(written):
     assert m.find("prefill_row", 1) is None and m.find("train", 1) is None  # batch 1 needs no row function
     row = m.find("prefill_row", 2)
     assert (row.kind, row.batch_size, row.max_seq_len) == ("prefill_row", 2, 16)
-    assert [a.name for a in row.inputs] == ["tokens", "positions", "row"]
+    assert [a.name for a in row.inputs] == ["tokens", "positions", "row", "keep"]
+    assert row.inputs[3].shape == (1, "K")  # the positions whose logits it returns
     assert [a.name for a in row.cache_args] == [f"cache.{i}" for i in range(len(row.cache_args))]
     assert m.smallest("decode").name == "decode_bs1"
     # The cache arrays are split by KV heads over both devices.

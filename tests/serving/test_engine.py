@@ -158,12 +158,14 @@ def test_prefill_row_tp2_pp2(tmp_path):
                                functions=("prefill", "decode", "prefill_row", "prefill_rows"), page_size=4)
     # prefill_bs2's transfers (see tests/cli) and the row index from device 0 to 1, 2 and 3.
     # prefill_rows_bs2: prefill_bs2's, and the padding mask from device 0 to 1, 2 and 3;
-    # the paged functions: prefill_bs2's, and the page table from device 0 to 1, 2 and 3.
+    # the paged functions: decode_bs2's, and the page table from device 0 to 1, 2 and 3.
+    # Each prefill also sends its kept positions to the last stage's devices 2 and 3.
     assert manifest.transfers == {
-        "prefill_bs2": 23, "decode_bs2": 23, "prefill_row_bs2": 23 + 3, "prefill_rows_bs2": 23 + 3, "prefill_paged_bs1": 23 + 3, "decode_paged_bs2": 23 + 3,
+        "prefill_bs2": 23 + 2, "decode_bs2": 23, "prefill_row_bs2": 23 + 3 + 2, "prefill_rows_bs2": 23 + 3 + 2, "prefill_paged_bs1": 23 + 3 + 2,
+        "decode_paged_bs2": 23 + 3,
     }
-    assert [a.name for a in manifest.find("prefill_row", 2).args[:4]] == ["tokens", "positions", "row", "cache.0"]
-    assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 3}
+    assert [a.name for a in manifest.find("prefill_row", 2).args[:5]] == ["tokens", "positions", "row", "keep", "cache.0"]
+    assert manifest.data["functions"]["prefill_row_bs2"]["results"][1] == {"name": "cache.0", "same_as_arg": 4}
     compiled = CompiledModel(tmp_path / "art", driver="local-sync")
     first, second = torch.tensor([[9, 8, 7, 6, 5]]), torch.tensor([[1, 2, 3]])
     _, cache = compiled.prefill_row(first, 0, compiled.new_cache(2))

@@ -94,7 +94,7 @@ class LlamaModel:
     # --- forward ---------------------------------------------------------------------------
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int | None = None, rows: torch.Tensor | None = None,
-        pages: torch.Tensor | None = None,
+        pages: torch.Tensor | None = None, keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, S, vocab]`` for ``tokens`` at ``positions`` (both ``[B, S]``); writes the
         new keys and values into ``cache`` (its entries are replaced, not mutated).
@@ -104,7 +104,9 @@ class LlamaModel:
         a cache of one microbatch only); None: input row ``i`` is cache row ``i``. ``pages``
         (``[B, Wp]`` int64): ``cache`` is a pool from :meth:`new_pool` and row ``b`` of the
         input lives in pages ``pages[b]`` (``layers.attention``); it attends over those
-        ``Wp * page_size`` entries."""
+        ``Wp * page_size`` entries. ``keep`` (``[B, K]`` int64, indices into ``S``): the logits
+        ``[B, K, vocab]`` of those positions only (e.g. each row's last: what generation
+        needs); the final norm and LM head compute no others."""
         if self.source.deferred:
             raise RuntimeError(
                 f"this model's weights are placeholders (deferred from {self.source.label}): it can be exported, "
@@ -116,8 +118,11 @@ class LlamaModel:
             raise ValueError(f"positions must be >= 0, found {int(positions.min())}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found {int(tokens.min())}..{int(tokens.max())}")
+        if keep is not None and (keep.dtype != torch.int64 or keep.ndim != 2 or keep.shape[0] != tokens.shape[0] or int(keep.min()) < 0 or int(keep.max()) >= tokens.shape[1]):
+            found = f"{keep.dtype} {list(keep.shape)}" + (f" in {int(keep.min())}..{int(keep.max())}" if keep.numel() else "")
+            raise ValueError(f"keep must be int64 [B, K] = [{tokens.shape[0]}, K] indices in [0, {tokens.shape[1]}), found {found}")
         if pages is not None:
-            return self._forward_paged(tokens, positions, cache, pages)
+            return self._forward_paged(tokens, positions, cache, pages, keep)
         if int(positions.max()) >= cache.max_seq_len:
             raise ValueError(f"position {int(positions.max())} is past the cache length {cache.max_seq_len}")
         if window is not None and int(positions.max()) >= window:
@@ -128,17 +133,18 @@ class LlamaModel:
                 raise ValueError(f"rows needs a cache of one microbatch, found {len(cache.paths)} (paths {cache.paths})")
             if rows.shape != (tokens.shape[0],) or int(rows.min()) < 0 or int(rows.max()) >= batch:
                 raise ValueError(f"rows must be [B] = [{tokens.shape[0]}] cache rows in [0, {batch}), found {rows.tolist()}")
-            out, cache.entries[0] = self.forward_path(tokens, positions, cache.entries[0], 0, window=window, rows=rows)
+            out, cache.entries[0] = self.forward_path(tokens, positions, cache.entries[0], 0, window=window, rows=rows, keep=keep)
             return out
         logits = []
         for m, (path, (start, rows)) in enumerate(zip(cache.paths, cache.rows)):
             out, cache.entries[m] = self.forward_path(
-                tokens[start : start + rows], positions[start : start + rows], cache.entries[m], path, window=window
+                tokens[start : start + rows], positions[start : start + rows], cache.entries[m], path, window=window,
+                keep=None if keep is None else keep[start : start + rows],
             )
             logits.append(out)
         return torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
 
-    def _forward_paged(self, tokens, positions, pool: KVCache, pages: torch.Tensor) -> torch.Tensor:
+    def _forward_paged(self, tokens, positions, pool: KVCache, pages: torch.Tensor, keep=None) -> torch.Tensor:
         size, count = pool.max_seq_len, sum(n for _, n in pool.rows)
         if len(pool.paths) != 1:
             raise ValueError(f"pages need a pool of one microbatch (new_pool), found {len(pool.paths)}")
@@ -148,11 +154,12 @@ class LlamaModel:
             raise ValueError(f"page ids must be in [0, {count}) for a pool of {count} pages, found {int(pages.min())}..{int(pages.max())}")
         if int(positions.max()) >= pages.shape[1] * size:
             raise ValueError(f"position {int(positions.max())} is past {pages.shape[1]} pages of {size} positions")
-        out, pool.entries[0] = self.forward_path(tokens, positions, pool.entries[0], pool.paths[0], window=pages.shape[1] * size, pages=pages)
+        out, pool.entries[0] = self.forward_path(tokens, positions, pool.entries[0], pool.paths[0], window=pages.shape[1] * size, pages=pages, keep=keep)
         return out
 
     def forward_path(
-        self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None, rows=None, pages=None
+        self, tokens: torch.Tensor, positions: torch.Tensor, entries: list, path: int, stages=None, padding=None, window=None, rows=None, pages=None,
+        keep=None,
     ):
         """One microbatch through ``path``: ``(logits, new cache entries)``. ``stages`` replaces
         the model's weights (export passes its module's parameters). ``tokens`` and
@@ -160,13 +167,16 @@ class LlamaModel:
         to every other device that reads them (a few bytes each), so no device reads
         another's memory and a compiler knows where every value lives. ``padding``: ``[B, S]``
         booleans living there too, True at tokens whose keys and values are not written
-        (``layers.attention``). ``window``, ``rows`` and ``pages`` (living there too): see
-        :meth:`forward` (with ``pages``, ``window`` is their ``Wp * page_size``)."""
+        (``layers.attention``). ``window``, ``rows``, ``pages`` and ``keep`` (living there
+        too): see :meth:`forward` (with ``pages``, ``window`` is their ``Wp * page_size``)."""
         stages = stages or self.stages
         route = self.plan.paths[path]
         home = self.input_device(path)
         x = self.embed(tokens, home, stages[0][route[0]])
         x, new_entries = self.forward_stages(x, positions, home, entries, path, stages, padding=padding, window=window, rows=rows, pages=pages)
+        if keep is not None:  # only these positions' logits: the head computes no others
+            at = ops.replicate(ReplicatedTensor(ts=[keep[:, :, None]], devices=(home,)), devices=x.devices)
+            x = ops.take_along_dim(x, at, 1)
         return self.head(x, stages[-1][route[-1]]), new_entries
 
     def embed(self, tokens: torch.Tensor, home: int, weights) -> object:
