@@ -3,7 +3,8 @@ by every layout that can say what its blocks' values are (:attr:`.BlockKernel.va
 of the weight dequantized once into bfloat16 on the stack and reused by every row, multiplied
 with ``vdpbf16ps`` (AVX512-BF16: 32 products a 512-bit instruction, summed in float32), or on
 a CPU with AVX2 and FMA only, each pair split into its two values widened to float32 (a shift,
-an and) and two ``vfmadd``s in vdpbf16ps's order: the same products and sums (:mod:`.isa`). No
+an and) and two ``vfmadd``s in vdpbf16ps's order: the same products and sums (:mod:`.isa`,
+:func:`_rows_avx2`). No
 float copy of a whole weight is made: a workgroup holds :data:`TILE_ROWS` weight rows x one
 chunk of K (:func:`chunk_values`) at a time.
 
@@ -19,7 +20,9 @@ values ``2p, 2p + 1`` (bfloat16 pairs as i32, 16x16 transposes), so that one 64-
 rows of x (the last rows of a ragged tail repeat row M - 1, writing the same sums) a register
 tile of 8 x 2 accumulators (vector<16xf32>: 8 rows of x x 32 weight rows) runs over the
 chunk's pairs: per pair two loads of the tile, eight broadcasts of a pair of x and 16
-``vdpbf16ps``.
+``vdpbf16ps``. On AVX2 (16 registers of 8 lanes) the register tile is 4 rows of x x 16 weight
+rows, the rows' x widened to float32 once per chunk, so that each pair of the tile is widened
+once for 4 rows and each x value once for 32 weight rows (:func:`_rows_avx2`).
 
 Numerics: x and the weights' values rounded to bfloat16 (8 significant bits), their products
 exact and summed in float32: what a bfloat16 model's own products do; for a float32 model each
@@ -76,12 +79,14 @@ class PrefillWeights:
 TILE_ROWS = 32  # weight rows per workgroup: two 16-lane vectors
 HALF = 16  # weight rows per staging pass and transpose
 # Rows of x of one register tile, by the bf16_dot form (isa.py): 8 x 2 accumulators of 16
-# lanes fill AVX512's 32 registers; AVX2's 16 registers of 8 lanes hold 2 rows' (8), beside
-# the tile's pairs split into even and odd values (8).
-X_ROWS = {"avx512_bf16": 8, "avx2": 2}
+# lanes fill AVX512's 32 registers. AVX2's 16 registers of 8 lanes hold 4 rows x 16 weight
+# rows (8), the tile's 16 pairs split into odd and even values (4) and a broadcast of x.
+X_ROWS = {"avx512_bf16": 8, "avx2": 4}
 # Scratch a workgroup holds (a dispatch's stack is 32 KiB): the tile (64 bytes a value
-# column: 32 rows of bfloat16) and the staging buffer (16 rows of one block).
-SCRATCH_BYTES = 26 * 1024
+# column: 32 rows of bfloat16), the staging buffer (16 rows of one block) and, for AVX2, the
+# register tile's rows of x widened to float32 (16 bytes a value column: 4 rows).
+SCRATCH_BYTES = {"avx512_bf16": 26 * 1024, "avx2": 28 * 1024}
+X_BYTES = {"avx512_bf16": 0, "avx2": 4 * X_ROWS["avx2"]}
 
 
 def _stage_bytes(kernel: PrefillWeights) -> int:
@@ -90,8 +95,10 @@ def _stage_bytes(kernel: PrefillWeights) -> int:
 
 def chunk_values(kernel: PrefillWeights, k: int) -> int | None:
     """Values of a row per chunk of K: the largest multiple of the block size (and of 32)
-    that divides K and fits the tile beside the staging buffer; None where none does."""
-    most = (SCRATCH_BYTES - _stage_bytes(kernel)) // (2 * TILE_ROWS)
+    that divides K and fits the tile beside the staging buffer (and the widened x) of the
+    host's form (:func:`.isa.current`); None where none does."""
+    form = isa.current().bf16_dot or "avx512_bf16"
+    most = (SCRATCH_BYTES[form] - _stage_bytes(kernel)) // (2 * TILE_ROWS + X_BYTES[form])
     step = max(kernel.block_size, 32)
     best = None
     for c in range(step, min(k, most) + 1, step):
@@ -137,7 +144,8 @@ def module_asm(kernel: PrefillWeights, n: int, k: int) -> str:
 def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, views: list[Value]) -> None:
     x, w, y = views
     c = e.const
-    x_rows = X_ROWS[isa.current().bf16_dot]
+    form = isa.current().bf16_dot
+    x_rows = X_ROWS[form]
     v16, b32, i16 = vector(16, "f32"), vector(32, "bf16"), vector(16, "i32")
     bs, kc = kernel.block_size, chunk_values(kernel, k)
     m = e.dim(x, 0, "m")
@@ -209,6 +217,57 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
                 for half in range(2):
                     e.store(accs[2 * i + half], y, [row, cols[half]])
 
-        e.for_(c(0), m, c(x_rows), rows_of_x, hint="m0")
+        if form == "avx2":
+            _rows_avx2(e, x, y, tile, widened, first, last, m, p0, kc)
+        else:
+            e.for_(c(0), m, c(x_rows), rows_of_x, hint="m0")
 
+    widened = e.alloca(f"memref<2x{x_rows}x{kc // 2}xf32>", "xw") if form == "avx2" else None
     e.for_(c(0), c(k), c(kc), chunk, hint="k0")
+
+
+def _rows_avx2(e: Emitter, x: Value, y: Value, tile: Value, widened: Value, first: Value, last: Value, m: Value, p0: Value, kc: int) -> None:
+    """The chunk's products on AVX2 (:data:`X_ROWS` rows of x at a time): each row's pairs
+    of x widened to float32 once into ``widened`` (``[0, i, p]``: row i's odd value of pair
+    p, ``[1, i, p]`` its even one), then per 16 weight rows a register tile of 4 x 16
+    accumulators over the pairs: one load of the tile's 16 pairs, their odd and even values
+    (an and, a shift: what :meth:`.Emitter.bf16_dot` does, once for the 4 rows), and per row
+    two broadcasts and two ``vfmadd``s, odd then even: the sums of ``bf16_dot``, bit for bit."""
+    c = e.const
+    x_rows = X_ROWS["avx2"]
+    v16, i16 = vector(16, "f32"), vector(16, "i32")
+    high, shift = c(-65536, i16), c(16, i16)
+
+    def odd_even(words: Value) -> tuple[Value, Value]:
+        odd = e.binary("arith.andi", words, high, "bo")
+        even = e.binary("arith.shli", words, shift, "be")
+        return tuple(e.cast("vector.bitcast", v, v16, "bf") for v in (odd, even))
+
+    def rows_of_x(m0: Value, _):
+        rows = [e.binary("arith.minsi", e.binary("arith.addi", m0, c(i), "xr"), last, "xr") for i in range(x_rows)]
+
+        def widen(q: Value, _):  # pairs 16 q .. 16 q + 15 of the chunk, each row
+            at = e.binary("arith.muli", e.binary("arith.addi", p0, e.binary("arith.muli", q, c(16), "q16"), "xp"), c(2), "xk")
+            for i, row in enumerate(rows):
+                words = e.cast("vector.bitcast", e.load(x, [row, at], vector(32, "bf16"), "xb"), i16, "xw")
+                for parity, values in enumerate(odd_even(words)):
+                    e.store(values, widened, [c(parity), c(i), e.binary("arith.muli", q, c(16), "q16")])
+
+        e.for_(c(0), c(kc // 32), c(1), widen, hint="q")
+        for half in range(2):
+            col = e.binary("arith.addi", first, c(HALF * half), "col")
+            inits = [e.load(y, [row, col], v16, "acc") for row in rows]
+
+            def pair(p: Value, accs: list[Value]) -> list[Value]:
+                w_odd, w_even = odd_even(e.load(tile, [p, c(HALF * half)], i16, "wt"))
+                out = []
+                for i, acc in enumerate(accs):
+                    x_odd, x_even = (e.broadcast(e.load_scalar(widened, [c(parity), c(i), p], "xs"), v16, "xv") for parity in range(2))
+                    out.append(e.fma(w_even, x_even, e.fma(w_odd, x_odd, acc)))
+                return out
+
+            accs = e.for_(c(0), c(kc // 2), c(1), pair, inits, hint="p")
+            for row, acc in zip(rows, accs):
+                e.store(acc, y, [row, col])
+
+    e.for_(c(0), m, c(x_rows), rows_of_x, hint="m0")
