@@ -7,7 +7,9 @@ and 300 rows (a ragged tail of 8, none, a part of a group), against float64 prod
 - with the true operands, within the bound the module states for its numerics (4e-3 of the
   largest value for the operands, as bfloat16 keeps 8 significant bits, and as much again for
   the bfloat16 result: 8e-3);
-- with the custom op's eager form (the torch the trace replaces).
+- with the custom op's eager form (the torch the trace replaces);
+- at one row (no tile: the weights' values in float32), each value with the true operands'
+  up to its rounding to the bfloat16 result (and float32 summation: 1e-5 of the largest value).
 
 Weights: N = 96 rows (three workgroups), K = 1280 (five K-quant super-blocks; several chunks of
 K), float16 scales positive, negative and zero as real files have them; and a plain float16
@@ -154,6 +156,8 @@ def test_compiled_prefill_products_match_float64(compiled, m):
         scale = exact.abs().max()
         assert ((got - rounded).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: not the bfloat16 operands' product"
         assert ((got - exact).abs().max() / scale).item() <= 8e-3, f"{layout} M={m}: further from the true product than bfloat16 rounding"
+        if m == 1:  # each sum of exact products, rounded once to the result's bfloat16 (half an ulp: 2^-8 of it)
+            assert ((got - exact).abs() <= exact.abs() * 2**-8 + 1e-5 * scale).all(), f"{layout} M=1: not the float32 values' product"
         eager = PREFILLS[layout](x.bfloat16(), prefill_weights(WEIGHTS[layout])[1]).double()
         assert ((got - eager).abs().max() / scale).item() <= 4e-3, f"{layout} M={m}: compiled and eager differ"
 

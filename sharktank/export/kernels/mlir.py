@@ -275,10 +275,11 @@ class Emitter:
         return [Value(f"{result}#{i}", v.type) for i, v in enumerate(inits)]
 
     def if_(self, cond: Value, then: Callable[[], Sequence[Value]], otherwise: Callable[[], Sequence[Value]], types: Sequence[str]) -> list[Value]:
-        """``scf.if`` with results of ``types``, each branch a function returning them."""
+        """``scf.if`` with results of ``types`` (none: no results), each branch a function
+        returning them."""
         result = self.fresh("r")
         like = [Value("", t) for t in types]
-        self.line(f"{result}:{len(types)} = scf.if {cond} -> ({', '.join(types)}) {{")
+        self.line(f"{result}:{len(types)} = scf.if {cond} -> ({', '.join(types)}) {{" if types else f"scf.if {cond} {{")
         with self.region():
             self._yield(list(then()), like, "scf.if (then)")
         self.line("} else {")
