@@ -288,7 +288,7 @@ def _holds_row(row: torch.Tensor, *, start: int, n: int) -> torch.Tensor:
     return ((row - start) == _local_row(row, start=start, n=n)).reshape(-1, 1, 1, 1)
 
 
-def KEEP(rows: int) -> tuple[str, list]:
+def keep_arg(rows: int) -> tuple[str, list]:
     """A prefill function's last index argument, ``keep`` ``[rows, K]`` int64: for each row,
     the positions of its tokens (indices into ``S``) whose logits the call returns
     (``[rows, K, vocab]``). Only those go through the final norm and the LM head, so a caller
@@ -419,14 +419,13 @@ def export_llama(
         def forward_masked(module, tokens, positions, lengths, keep, cache_leaves, window):
             """prefill or decode; with ``lengths``, prefill_rows (a row's tokens past its length
             are padding). ``window``: the cache entries attended (a prompt's ``S``; decode: all).
-            ``keep``: the positions whose logits a prefill returns (:data:`KEEP`)."""
+            ``keep``: the positions whose logits a prefill returns (:func:`keep_arg`)."""
             entries = pytree.tree_unflatten(list(cache_leaves), spec)
             stages = module.stages()
             logits, new_entries = [], []
             # Padding: a row's tokens from its length on (their cache writes are dropped).
             padding = () if lengths is None else (torch.arange(tokens.shape[1])[None, :] >= lengths[:, None],)
-            kept = () if keep is None else (keep,)
-            inputs = {first_device: (tokens, positions, *kept, *padding)}  # device -> the whole inputs there
+            inputs = {first_device: (tokens, positions, *(() if keep is None else (keep,)), *padding)}  # device -> the whole inputs there
             for m, (path, (start, n)) in enumerate(zip(paths, rows)):
                 # Each path takes its rows on its own first device. The whole inputs move
                 # there before the slicing: IREE 3.10 cannot partition a transfer of a slice.
@@ -434,7 +433,8 @@ def export_llama(
                 if origin not in inputs:
                     inputs[origin] = tuple(ops.transfer_to_logical_device(a, origin) for a in inputs[first_device])
                 tok, pos, *rest = (a[start : start + n] for a in inputs[origin])
-                kept, pad = (rest[0] if keep is not None else None), (rest[-1] if padding else None)
+                kept = rest.pop(0) if keep is not None else None
+                pad = rest[0] if rest else None
                 out, e = model.forward_path(tok, pos, entries[m], path, stages, padding=pad, window=window, keep=kept)
                 logits.append(out)
                 new_entries.append(e)
@@ -461,12 +461,12 @@ def export_llama(
         cache_args = cache_arg_specs(leaves, cache_devices)
         # kind -> (rows of tokens, example length, index arguments, traced function);
         # prefill_row(s)_bs1 would be prefill_bs1: exported only for batches of several rows.
-        kinds = {"prefill": (b, 8, (KEEP(b),), prefill), "decode": (b, 1, (), decode)}
+        kinds = {"prefill": (b, 8, (keep_arg(b),), prefill), "decode": (b, 1, (), decode)}
         if b > 1:
-            kinds["prefill_row"] = (1, 8, (("row", [1]), KEEP(1)), forward_row)
-            kinds["prefill_rows"] = (b, 8, (("lengths", [b]), KEEP(b)), prefill_rows)
+            kinds["prefill_row"] = (1, 8, (("row", [1]), keep_arg(1)), forward_row)
+            kinds["prefill_rows"] = (b, 8, (("lengths", [b]), keep_arg(b)), prefill_rows)
         if len(paths) == 1:  # a runtime row in one of several microbatches is not built yet
-            kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"]), KEEP(1)), prefill_chunk)
+            kinds["prefill_chunk"] = (1, 8, (("row", [1]), ("span", ["W"]), keep_arg(1)), prefill_chunk)
         for kind, (rows_in, seq, extra, fn) in kinds.items():
             if functions is not None and kind not in functions:
                 continue
@@ -507,7 +507,7 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
 
     - ``prefill_paged_bs1(tokens[1, S], positions[1, S], pages[1, Wp], keep[1, K], *pool)``: a
       chunk of one sequence written through its first ``Wp`` pages, attending over them,
-      returning the logits of its positions ``keep`` (:func:`KEEP`);
+      returning the logits of its positions ``keep`` (:func:`keep_arg`);
     - ``decode_paged_bs{B}(tokens[B, 1], positions[B, 1], pages[B, M], *pool)``: one token per
       row over all ``M = ceil(max_seq_len / page_size)`` table entries (the unused ones point
       at any page: the causal mask keeps them unread)."""
@@ -548,8 +548,8 @@ def paged_programs(fxb, model: LlamaModel, batch_sizes, max_seq_len: int, page_s
             s = torch.export.Dim("seq_len", min=2, max=max_seq_len)
             wp = torch.export.Dim("window_pages", min=2, max=most)
             k = torch.export.Dim("kept", min=1, max=max_seq_len)
-            named = [("tokens", [1, "S"]), ("positions", [1, "S"]), ("pages", [1, "Wp"]), KEEP(1)]
-            indices = (tokens, positions, pages, _example(KEEP(1)[1], seq))
+            named = [("tokens", [1, "S"]), ("positions", [1, "S"]), ("pages", [1, "Wp"]), keep_arg(1)]
+            indices = (tokens, positions, pages, _example(keep_arg(1)[1], seq))
             dynamic = ({1: s}, {1: s}, {1: wp}, {1: k}, tuple({0: pool_dim} for _ in leaves))
             fn = paged_prefill
         else:

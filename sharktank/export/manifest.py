@@ -99,6 +99,12 @@ class FunctionSpec:
         return tuple(a for a in self.args if a.is_cache)
 
     @property
+    def takes_keep(self) -> bool:
+        """Whether the function takes ``keep``, the positions whose logits a prefill returns
+        (artifacts exported before it compute every position's)."""
+        return any(a.name == "keep" for a in self.args)
+
+    @property
     def inputs(self) -> tuple[ArgSpec, ...]:
         """The arguments before the cache (tokens or hidden, positions, row or lengths)."""
         return tuple(a for a in self.args if not a.is_cache)

@@ -328,16 +328,15 @@ class CompiledModel(PagedCalls, PrefillDecode):
         self.check_inputs(spec, tokens, positions, cache)
         check_keep(keep, tokens.shape)
         devices = [a.device for a in spec.args]
-        takes_keep = any(a.name == "keep" for a in spec.args)
         t0 = time.perf_counter()
         inputs = [self.session.place(tokens.numpy(), devices[0]), self.session.place(positions.numpy(), devices[1])]
         everything = [list(range(tokens.shape[1]))] * tokens.shape[0]
-        for extra in ([row] if row is not None else None, lengths, list(range(span)) if span is not None else None, (keep or everything) if takes_keep else None):
+        for extra in ([row] if row is not None else None, lengths, list(range(span)) if span is not None else None, (keep or everything) if spec.takes_keep else None):
             if extra is not None:
                 inputs.append(self.session.place(np.array(extra, np.int64), devices[len(inputs)]))
         out = self.session.invoke(spec.name, [*inputs, *cache])
         logits = self._to_torch(out[0])
-        if keep is not None and not takes_keep:  # exported before `keep` existed: every position came back
+        if keep is not None and not spec.takes_keep:  # exported before `keep` existed: every position came back
             logits = kept_logits(logits, keep)
         self.timings.setdefault(kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])

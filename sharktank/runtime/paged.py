@@ -79,13 +79,12 @@ class PagedCalls:
         import time
 
         devices = [a.device for a in spec.args]
-        takes_keep = any(a.name == "keep" for a in spec.args)
         t0 = time.perf_counter()
-        indices = (tokens, positions, pages) + (((keep or [list(range(len(tokens[0])))]),) if takes_keep else ())
+        indices = (tokens, positions, pages) + (((keep or [list(range(len(tokens[0])))]),) if spec.takes_keep else ())
         inputs = [self.session.place(np.asarray(v, np.int64), devices[i]) for i, v in enumerate(indices)]
         out = self.session.invoke(spec.name, [*inputs, *pool])
         logits = self._to_torch(out[0])
-        if keep is not None and not takes_keep:  # exported before `keep` existed: every position came back
+        if keep is not None and not spec.takes_keep:  # exported before `keep` existed: every position came back
             logits = kept_logits(logits, keep)
         self.timings.setdefault(spec.kind, []).append(time.perf_counter() - t0)
         return logits, list(out[1:])

@@ -214,16 +214,25 @@ class Emitter:
         if form != "avx2":
             raise ValueError(f"bf16_dot: this kernel needs a bfloat16 dot product form, found {isa.current()}")
         i32 = vector(16, "i32")
-
-        def widened(v: Value) -> tuple[Value, Value]:
-            words = self.cast("vector.bitcast", v, i32, "bw")
-            odd = self.binary("arith.andi", words, self.const(-65536, i32), "bo")
-            even = self.binary("arith.shli", words, self.const(16, i32), "be")
-            return tuple(self.cast("vector.bitcast", half, f32, "bf") for half in (odd, even))
-
-        (a_odd, a_even), (b_odd, b_even) = widened(a), widened(b)
+        (a_odd, a_even), (b_odd, b_even) = (self.bf16_pairs(self.cast("vector.bitcast", v, i32, "bw")) for v in (a, b))
         acc = self.fma(a_odd, b_odd, acc, hint)
         return self.fma(a_even, b_even, acc, hint)
+
+    def bf16_pairs(self, words: Value) -> tuple[Value, Value]:
+        """The float32 values of bfloat16 pairs held as 32-bit ``words`` (vector<n x i32>):
+        ``(odd, even)``, the high half masked and the low half shifted up."""
+        lanes = lanes_of(words.type)
+        odd = self.binary("arith.andi", words, self.const(-65536, words.type), "bo")
+        even = self.binary("arith.shli", words, self.const(16, words.type), "be")
+        return tuple(self.cast("vector.bitcast", half, vector(lanes, "f32"), "bf") for half in (odd, even))
+
+    def widen_bf16(self, v: Value, hint: str = "bw") -> Value:
+        """A vector of bfloat16 as float32, lane by lane (a float32's high half: extended as
+        integers and shifted up, which LLVM keeps in vector lanes where ``arith.extf`` does not)."""
+        lanes = lanes_of(v.type)
+        words = self.cast("arith.extui", self.cast("vector.bitcast", v, vector(lanes, "i16"), hint), vector(lanes, "i32"), hint)
+        shifted = self.binary("arith.shli", words, self.const(16, vector(lanes, "i32")), hint)
+        return self.cast("vector.bitcast", shifted, vector(lanes, "f32"), hint)
 
     # -- memory ---------------------------------------------------------------------
     def load(self, mem: Value, indices: Sequence[Value], type_: str, hint: str = "ld") -> Value:

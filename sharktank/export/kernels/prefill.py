@@ -234,21 +234,15 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
     e.if_(e.cmp("arith.cmpi", "eq", m, c(1), "one"), one_row, tiles, [])
 
 
-
 def _one_row(e: Emitter, kernel: PrefillWeights, x: Value, w: Value, y: Value, first: Value, k: int) -> None:
     """One row of x (a prompt's last position through the LM head, one token of a chunk): no
     tile, whose building would cost more than the product, and no register tile of rows
     that would repeat the one row (SmolLM2's 49152x576 Q8_0 LM head on a Zen 3, 2 threads:
-    2.8-3.4 ms against 10.4-11.5 ms through the tiles). Per weight row, per block, its values
+    2.4-3.4 ms against 10.4-11.5 ms through the tiles). Per weight row, per block, its values
     as float32 (not rounded to bfloat16: closer to the exact product than the tiles) times x's
     widened values, 16 lanes a ``vfmadd``; the row's sum is the lanes' at its end."""
     c = e.const
     v16, bs = vector(16, "f32"), kernel.block_size
-
-    def widen(values: Value) -> Value:  # bfloat16 lanes as float32: the high halves of words
-        lanes = lanes_of(values.type)
-        words = e.cast("arith.extui", e.cast("vector.bitcast", values, vector(lanes, "i16"), "xh"), vector(lanes, "i32"), "xh")
-        return e.cast("vector.bitcast", e.binary("arith.shli", words, c(16, vector(lanes, "i32")), "xh"), vector(lanes, "f32"), "xf")
 
     def weight_row(r: Value, _):
         row = e.binary("arith.addi", first, r, "row")
@@ -261,7 +255,7 @@ def _one_row(e: Emitter, kernel: PrefillWeights, x: Value, w: Value, y: Value, f
                 lanes = lanes_of(values.type)
                 if lanes % 16:
                     raise ValueError(f"{kernel.what} prefill kernel: values of 16 lanes or multiples expected, found {values.type}")
-                xv = widen(e.load(x, [c(0), e.binary("arith.addi", base, c(offset), "kx")], vector(lanes, "bf16"), "xb"))
+                xv = e.widen_bf16(e.load(x, [c(0), e.binary("arith.addi", base, c(offset), "kx")], vector(lanes, "bf16"), "xb"))
                 for at in range(0, lanes, 16):
                     acc = e.fma(e.slice(values, at, 16, "ws"), e.slice(xv, at, 16, "xs"), acc)
             return [acc]
@@ -282,12 +276,6 @@ def _rows_avx2(e: Emitter, x: Value, y: Value, tile: Value, widened: Value, firs
     c = e.const
     x_rows = X_ROWS["avx2"]
     v16, i16 = vector(16, "f32"), vector(16, "i32")
-    high, shift = c(-65536, i16), c(16, i16)
-
-    def odd_even(words: Value) -> tuple[Value, Value]:
-        odd = e.binary("arith.andi", words, high, "bo")
-        even = e.binary("arith.shli", words, shift, "be")
-        return tuple(e.cast("vector.bitcast", v, v16, "bf") for v in (odd, even))
 
     def rows_of_x(m0: Value, _):
         rows = [e.binary("arith.minsi", e.binary("arith.addi", m0, c(i), "xr"), last, "xr") for i in range(x_rows)]
@@ -296,7 +284,7 @@ def _rows_avx2(e: Emitter, x: Value, y: Value, tile: Value, widened: Value, firs
             at = e.binary("arith.muli", e.binary("arith.addi", p0, e.binary("arith.muli", q, c(16), "q16"), "xp"), c(2), "xk")
             for i, row in enumerate(rows):
                 words = e.cast("vector.bitcast", e.load(x, [row, at], vector(32, "bf16"), "xb"), i16, "xw")
-                for parity, values in enumerate(odd_even(words)):
+                for parity, values in enumerate(e.bf16_pairs(words)):
                     e.store(values, widened, [c(parity), c(i), e.binary("arith.muli", q, c(16), "q16")])
 
         e.for_(c(0), c(kc // 32), c(1), widen, hint="q")
@@ -305,7 +293,7 @@ def _rows_avx2(e: Emitter, x: Value, y: Value, tile: Value, widened: Value, firs
             inits = [e.load(y, [row, col], v16, "acc") for row in rows]
 
             def pair(p: Value, accs: list[Value]) -> list[Value]:
-                w_odd, w_even = odd_even(e.load(tile, [p, c(HALF * half)], i16, "wt"))
+                w_odd, w_even = e.bf16_pairs(e.load(tile, [p, c(HALF * half)], i16, "wt"))
                 out = []
                 for i, acc in enumerate(accs):
                     x_odd, x_even = (e.broadcast(e.load_scalar(widened, [c(parity), c(i), p], "xs"), v16, "xv") for parity in range(2))

@@ -74,10 +74,8 @@ class Block:
         col = e.binary("arith.muli", self.b, e.const(self.kernel.block_size), "col")
         elem = elem_of(self.w.type)
         got = e.load(self.w, [self.row, col], vector(lanes, elem), hint)
-        if elem == "bf16":  # a bfloat16 value is a float32's high half: widened as integers, in lanes
-            words = e.cast("arith.extui", e.cast("vector.bitcast", got, vector(lanes, "i16"), hint), vector(lanes, "i32"), hint)
-            shifted = e.binary("arith.shli", words, e.const(16, vector(lanes, "i32")), hint)
-            return e.cast("vector.bitcast", shifted, vector(lanes, "f32"), hint)
+        if elem == "bf16":
+            return e.widen_bf16(got, hint)
         return got if elem == "f32" else e.cast("arith.extf", got, vector(lanes, "f32"), hint)
 
     def half_vector(self, offset: int, count: int, block: int = 0) -> Value:
