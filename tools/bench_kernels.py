@@ -6,6 +6,11 @@ summed), so that each call reads every weight once, as a decode step does. Print
 largest error against float64 ``x @ dequantize(w).T`` relative to its largest value.
 ``--torch-form``: each layout's same function through the torch form too (``ops.matmul``
 without kernels: what a CPU without the kernels' instructions compiles), timed in the same rounds.
+``BF16`` and ``F16`` in ``--layouts`` are plain weights of that type (random values within
++-0.05) and x rounded to that type, as such a model's: the yardstick a quantized layout is
+judged on, the product a cpu export traces for them (``export.kernels.BlockProducts``: the
+hand-written kernel where there is one, e.g. bfloat16 on a CPU without AVX512-BF16, otherwise
+IREE's own dense product).
 
     python tools/bench_kernels.py [--shape 2048x2048] [--layouts Q4_0,Q4_1,Q4_K] [--rows 1] [--rounds 5]
         [--against CHECKOUT]
@@ -34,6 +39,39 @@ import torch
 SCALES_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q6_K": (208,), "Q3_K": (108,), "Q2_K": (80, 82)}
 
 
+PLAIN = {"BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _plain_cases(name: str, n: int, k: int, weights: int, rows: int) -> dict:
+    """The plain ``name`` weights' case (``measure``'s form "plain"): as a cpu export traces them."""
+    from sharktank.export import compile_mlir, export_function
+    from sharktank.export.compile import QUANTIZED_FLAGS
+    from sharktank.export.kernels import BlockProducts
+    from sharktank.runtime import Session
+
+    g = torch.Generator().manual_seed(0)
+    ws = [((torch.rand(n, k, generator=g) - 0.5) / 10).to(PLAIN[name]) for _ in range(weights)]
+    x = torch.randn(rows, k, generator=g)
+    products = BlockProducts()
+
+    def fn(x, *ws):
+        ys = []
+        for w in ws:
+            y = products(x.to(w.dtype), w)
+            ys.append((x.to(w.dtype) @ w.T if y is None else y).float())
+        return sum(ys[1:], ys[0])
+
+    want = sum(x.double() @ w.double().T for w in ws).numpy()
+    mlir = str(export_function(fn, (x, *ws)).mlir_module)
+    session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
+    from iree import runtime as rt
+
+    element = rt.HalElementType.BFLOAT_16 if name == "BF16" else rt.HalElementType.FLOAT_16
+    args = [session.place(x.numpy(), 0)] + [session.place(w.view(torch.uint16).numpy(), 0, element) for w in ws]
+    got = np.asarray(session.invoke("main", args)[0].to_host())
+    return {(name, "plain"): (session, args, float(np.abs(got - want).max() / np.abs(want).max()), n * k * 2)}
+
+
 def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls: int, rows: int = 1, torch_form: bool = False) -> list[str]:
     from sharktank import ops
     from sharktank.export import compile_mlir, export_function
@@ -44,6 +82,9 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
 
     cases = {}
     for name in layouts:
+        if name in PLAIN:
+            cases.update(_plain_cases(name, n, k, weights, rows))
+            continue
         lay = LAYOUTS[name]
         rng = np.random.default_rng(0)
         blocks = []
@@ -82,7 +123,7 @@ def measure(n: int, k: int, layouts: list[str], weights: int, rounds: int, calls
     for (name, form), (_, _, err, nbytes) in cases.items():
         t = times[name, form][1:]
         med = statistics.median(t)
-        label = name if form == "kernel" else f"{name} ({form})"
+        label = name if form in ("kernel", "plain") else f"{name} ({form})"
         lines.append(f"{label} {rows}x{n}x{k}: {med:.0f} us/product ({min(t):.0f}-{max(t):.0f}), {nbytes / med / 1e3:.1f} GB/s, rel err {err:.2g}")
     return lines
 

@@ -25,7 +25,7 @@ from sharktank.export.compile import QUANTIZED_FLAGS
 from sharktank.export.kernels import INTEGER_DOT, KERNELS, BlockProducts, block_product, int16_x, kernels_in
 from sharktank.export.kernels import LAYOUTS as ALL_LAYOUTS
 from sharktank.export.kernels import isa
-from sharktank.export.kernels.block_kernel import GROUP, X_CHUNK_BYTES
+from sharktank.export.kernels.block_kernel import BATCH_TILES, GROUP, X_CHUNK_BYTES
 from sharktank.export.kernels.custom_op import PRODUCTS, ROUNDINGS
 from sharktank.export.kernels.product_dispatch import module_asm
 from sharktank.runtime import Session
@@ -124,7 +124,30 @@ def test_one_row_of_x_goes_with_several_weight_rows_at_once():
         slots = len(kernel.accumulators)
         assert kernel.rows_at_once > 1 and kernel.rows_together(1, K, "f32") == kernel.rows_at_once
         assert _block_loop_carries(module_asm(kernel, 1, N, K, "f32")) == kernel.rows_at_once * slots
-        assert _block_loop_carries(module_asm(kernel, 3, N, K, "f32")) == 3 * slots
+        with isa.using(isa.Isa(int8_dot="avx512_vnni")):  # several rows: one weight row at a time
+            assert _block_loop_carries(module_asm(kernel, 3, N, K, "f32")) == 3 * slots
+
+
+def _block_loops(mlir: str) -> list[tuple[int, list[str]]]:
+    """Per loop over a row's blocks: how many values it carries and their types."""
+    found = re.findall(r"%r_\d+:(\d+) = scf\.for .* iter_args\((.*)\) -> \((.*)\) \{", mlir)
+    return [(int(n), [t.strip() for t in types.split(",")]) for n, _, types in found]
+
+
+@pytest.mark.parametrize("layout", ["Q8_0", "F16", "BF16", "Q4_K"])
+def test_several_rows_of_x_take_the_avx2_batch_tile_with_float_x(layout):
+    # With AVX2's 16 registers, 8 rows of float x go 4 rows x 2 weight rows a loop over the
+    # blocks, in accumulators of 8 lanes (BATCH_TILES), so that none spills; the int16-x
+    # kernels keep all 8 rows in one loop. The numerics are the CASES' (rows 3 and 8).
+    kernel, tile = KERNELS[layout], BATCH_TILES[32]
+    elem = "i16" if kernel.int16_x else "f32"
+    with isa.using(isa.Isa(int8_dot="avx2")):
+        loops = _block_loops(module_asm(kernel, 8, N, K, elem))
+    x_rows, weight_rows, lanes = (8, 1, 64) if kernel.int16_x else (tile.x_rows, tile.weight_rows, tile.lanes)
+    assert len(loops) == 8 // x_rows
+    for carried, types in loops:
+        assert carried == x_rows * weight_rows * len(kernel.accumulators)
+        assert set(types) == {f"vector<{min(width, lanes)}xf32>" for width in kernel.accumulators}
 
 
 def test_every_kernel_layout_is_called_in_the_export(compiled):

@@ -14,7 +14,7 @@ from iree.compiler import ir
 
 from sharktank.export.kernels import KERNELS, LAYOUTS, attention, int16_x, isa, kernels_in, prefill
 from sharktank.export.kernels.registry import PREFILLS
-from sharktank.export.kernels.block_kernel import STACK_BYTES, X_CHUNK_BYTES
+from sharktank.export.kernels.block_kernel import BATCH_TILES, STACK_BYTES, X_CHUNK_BYTES
 from sharktank.export.kernels.mlir import Emitter
 from sharktank.export.kernels.product_dispatch import module_asm
 from sharktank.types.quantized import LAYOUTS as BLOCK_LAYOUTS
@@ -52,10 +52,12 @@ def _names_are_generated(text: str) -> None:
 def test_block_product_parses(context, layout, elem, m, at_once):
     kernel = dataclasses.replace(KERNELS[layout], rows_at_once=at_once)
     k = _k(layout)
-    assert kernel.rows_together(m, k, elem) == (at_once if m == 1 else 1)
-    # The int16-x kernels in each integer dot form (isa.py), whatever this host has.
-    for form in isa.INT8_DOTS if elem == "i16" else (isa.HOST.int8_dot,):
+    # The int16-x kernels in each integer dot form (isa.py), whatever this host has; the float-x
+    # ones in both register widths.
+    for form in isa.INT8_DOTS if elem == "i16" else (isa.HOST.int8_dot, *isa.INT8_DOTS):
         with isa.using(isa.Isa(int8_dot=form)):
+            tile = None if elem == "i16" else BATCH_TILES.get(64 if form == "avx512_vnni" else 32)
+            assert kernel.rows_together(m, k, elem) == (at_once if m == 1 else tile.weight_rows if tile else 1)
             for y in {"f32", "bf16"}:
                 text = module_asm(kernel, m, N, k, elem, y)
                 _names_are_generated(text)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .prefill import PrefillWeights
     from .product_dispatch import Block
 
-__all__ = ["BlockKernel", "GROUP", "Int16X", "RESULT_TYPES", "STACK_BYTES", "X_CHUNK_BYTES", "result_type"]
+__all__ = ["BATCH_TILES", "BatchTile", "batch_tile", "BlockKernel", "GROUP", "Int16X", "RESULT_TYPES", "STACK_BYTES", "X_CHUNK_BYTES", "result_type"]
 
 GROUP = 32  # int16 x: values per scale
 FLOATS = ("f32", "bf16", "f16")
@@ -32,6 +32,41 @@ X_CHUNK_BYTES = 16384  # the most bytes of x a workgroup's rows read per pass ov
 # Scratch (memref.alloca) a dispatch may hold: IREE's CPU backend refuses more than 32 KiB
 # of stack per function ("exceeded stack allocation limit"); some margin for its own.
 STACK_BYTES = 28 * 1024
+
+
+@dataclass(frozen=True)
+class BatchTile:
+    """How a product with several rows of x (a decode batch) holds its sums in registers
+    (:func:`batch_tile`): a loop over a weight row's blocks carries the accumulators of
+    ``x_rows`` rows of x (the others take loops of their own over the same blocks, then in L1),
+    ``weight_rows`` weight rows go side by side (each load of x serving all of them), and an
+    accumulator has at most ``lanes`` float32 lanes (a wider product is added a width at a time)."""
+
+    x_rows: int
+    weight_rows: int
+    lanes: int
+
+
+# By the width of the vector registers the kernels are written for; float-x kernels only (Q8_0,
+# F16, BF16: a block's values formed once in float32, then FMAs with each row's x). AVX2's 16
+# registers of 8 lanes: 4 rows x 2 weight rows x one register, 8 accumulators. Before it, each
+# of 8 rows carried every accumulator at full width (32 lanes: 32 registers, spilled). On an
+# AVX2-only Zen 3 (8 weights of 2048x2048 in turn, 8 rows of x, 3 rounds, two alternations
+# with the code before): Q8_0 0.86-0.95 ms a product against 1.28-1.61, bfloat16 0.90-1.07
+# against 1.33, float16 0.89-1.04 against 1.32-1.40. The int16-x kernels measured no better
+# with it (Q4_K 0.85-0.90 against 0.77-1.02, Q6_K 1.04-1.52 against 0.93-1.10, nor with 4 or
+# 8 rows a loop at 8 or 16 lanes), so they keep every row's accumulators in one loop, as AVX512
+# does (no entry: not measured on an AVX512 machine since).
+BATCH_TILES = {32: BatchTile(x_rows=4, weight_rows=2, lanes=8)}
+
+
+def batch_tile(int16: bool = False) -> BatchTile | None:
+    """The :class:`BatchTile` of the kernels written now (:func:`.isa.current`) with float x, or
+    None (``int16``: the int16-x kernels'): every row of x in one loop, accumulators at full
+    width."""
+    from . import isa
+
+    return None if int16 else BATCH_TILES.get(isa.current().vector_bytes)
 
 
 @dataclass(frozen=True)
@@ -86,8 +121,9 @@ class BlockKernel:
             raise ValueError(f"kernel for {self.layout_name}: expected one of the block layouts {sorted(LAYOUTS)}")
         if self.weight != "i8" and self.weight not in FLOATS:
             raise ValueError(f"kernel for {self.layout_name}: expected weights of int8 blocks or of {list(FLOATS)}, found {self.weight}")
-        if self.rows_per_workgroup % self.rows_at_once:
-            raise ValueError(f"{self.layout_name} kernel: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of rows_at_once {self.rows_at_once}")
+        for together in (self.rows_at_once, *(tile.weight_rows for tile in BATCH_TILES.values())):
+            if self.rows_per_workgroup % together:
+                raise ValueError(f"{self.layout_name} kernel: rows_per_workgroup {self.rows_per_workgroup} is not a multiple of {together} weight rows side by side")
 
     @property
     def plain(self) -> bool:
@@ -162,7 +198,25 @@ class BlockKernel:
 
     def rows_together(self, m: int, k: int, elem: str) -> int:
         """Weight rows whose block loops go side by side for x ``[m, k]`` of ``elem``."""
-        return self.rows_at_once if m == 1 and k * ELEMENT_BYTES[elem] >= X_CHUNK_BYTES else 1
+        if m > 1:
+            tile = batch_tile(self.int16_x)
+            return 1 if tile is None else tile.weight_rows
+        return self.rows_at_once if k * ELEMENT_BYTES[elem] >= X_CHUNK_BYTES else 1
+
+    def x_rows_per_pass(self, m: int) -> int:
+        """Rows of x whose accumulators one loop over a weight row's blocks carries (the others
+        take loops of their own over the same blocks)."""
+        tile = batch_tile(self.int16_x)
+        return m if tile is None or m == 1 else min(m, tile.x_rows)
+
+    def accumulator_lanes(self, m: int) -> tuple[int, ...]:
+        """The float32 lanes of each accumulator for ``m`` rows of x (``accumulators``, or fewer
+        where :func:`batch_tile` says so: :meth:`.Block.fma` then adds each of their widths
+        of a product in turn)."""
+        tile = batch_tile(self.int16_x)
+        if tile is None or m == 1:
+            return self.accumulators
+        return tuple(min(lanes, tile.lanes) for lanes in self.accumulators)
 
     def refusal(self, m: int, n: int, k: int, elem: str, y: str | None = None) -> str | None:
         """Why the kernel does not take ``x [m, k] @ w[n, k].T`` (x of ``elem``, the result of

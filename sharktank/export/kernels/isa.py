@@ -42,6 +42,12 @@ class Isa:
         if self.bf16_dot not in (None, *BF16_DOTS):
             raise ValueError(f"bf16_dot: expected one of {BF16_DOTS} or None, found {self.bf16_dot!r}")
 
+    @property
+    def vector_bytes(self) -> int:
+        """The width of the vector registers the kernels are written for: 64 with an AVX512
+        form, 32 (AVX2's) otherwise."""
+        return 64 if "avx512" in f"{self.int8_dot} {self.bf16_dot}" else 32
+
     @classmethod
     def of_flags(cls, flags: list[set[str]]) -> "Isa":
         """The forms every one of these processors' feature flags allows (none for no processor)."""

@@ -17,6 +17,10 @@ against 1.31 ms, and the float32-x forms of Q4_K and Q6_K 0.74 against 0.96 ms a
 against 1.35 ms with 2. Their int16-x forms (two bytes a value) take 2 from 16 KiB: Q4_K
 2048x8192 0.56 against 0.69 ms. With K=2048 it made no difference (or was a little slower),
 and with 8 rows of x it was slower.
+
+Several rows of x (a decode batch) go as :func:`.block_kernel.batch_tile` says: on AVX2, for
+the float-x kernels, 4 rows of x and 2 weight rows a loop over the blocks, accumulators of 8
+lanes (a register each), the other rows in loops of their own over the same blocks (then in L1).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import functools
 from . import isa
 from .block_kernel import ELEMENT_BYTES, GROUP, X_CHUNK_BYTES, BlockKernel, result_type
 from .frame import Operand, executable
-from .mlir import Emitter, Value, elem_of, vector
+from .mlir import Emitter, Value, elem_of, lanes_of, vector
 
 __all__ = ["Block", "module_asm"]
 
@@ -96,8 +100,16 @@ class Block:
             e.prefetch(self.w, [self.row, later, e.const(at)])
 
     def fma(self, i: int, a: Value, b: Value, slot: int = 0) -> None:
-        """Row ``i``'s accumulator ``slot`` += ``a * b``."""
-        self.current[i][slot] = self.e.fma(a, b, self.current[i][slot])
+        """Row ``i``'s accumulator ``slot`` += ``a * b`` (where the accumulator has fewer lanes
+        than ``a``: each of its widths of ``a * b`` in turn)."""
+        acc = self.current[i][slot]
+        lanes, wide = lanes_of(acc.type), lanes_of(a.type)
+        if lanes == wide:
+            self.current[i][slot] = self.e.fma(a, b, acc)
+            return
+        for at in range(0, wide, lanes):
+            acc = self.e.fma(self.e.slice(a, at, lanes, "a"), self.e.slice(b, at, lanes, "b"), acc)
+        self.current[i][slot] = acc
 
     def load_x(self, i: int, column: int, lanes: int) -> Value:
         """float32 ``x[i, k + column : + lanes]``."""
@@ -184,7 +196,9 @@ def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: lis
     together = kernel.rows_together(m, k, elem)
     c = e.const
     rows = [c(i) for i in range(m)]
-    zeros = [c(0.0, vector(lanes, "f32")) for lanes in kernel.accumulators]
+    per_pass = kernel.x_rows_per_pass(m)
+    groups = [rows[g : g + per_pass] for g in range(0, m, per_pass)]
+    zeros = [c(0.0, vector(lanes, "f32")) for lanes in kernel.accumulator_lanes(m)]
     first = e.binary("arith.muli", wg, c(t), "first")
     left = e.binary("arith.subi", c(n), first, "left")
     count = e.binary("arith.minsi", c(t), left, "count")
@@ -225,27 +239,32 @@ def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: lis
 
         def tile_part(i: Value, _):
             at, weight_rows = tile_rows(i)
-            inits = [zeros[s] for _ in range(together) for _ in range(m) for s in range(slots)]
+            for group in groups:  # each its own loop over the chunk's blocks (rereading them from L1)
+                group_part(at, weight_rows, group)
+
+        def group_part(at: list[Value], weight_rows: list[Value], group: list[Value]) -> None:
+            g = len(group)
+            inits = [zeros[s] for _ in range(together) for _ in range(g) for s in range(slots)]
 
             def block_loop(b: Value, carried: list[Value]) -> list[Value]:
                 kcol = e.binary("arith.muli", b, c(kernel.block_size), "k")
                 out = []
                 for r in range(together):
-                    mine = carried[r * m * slots : (r + 1) * m * slots]
-                    blk = Block(e, kernel, operands, weight_rows[r], b, kcol, rows, [mine[j * slots : (j + 1) * slots] for j in range(m)])
+                    mine = carried[r * g * slots : (r + 1) * g * slots]
+                    blk = Block(e, kernel, operands, weight_rows[r], b, kcol, group, [mine[j * slots : (j + 1) * slots] for j in range(g)])
                     kernel.body(blk)
                     out += [v for row_accs in blk.current for v in row_accs]
                 return out
 
             accs = e.for_(b0, b1, c(step), block_loop, inits, hint="b")
             for r in range(together):
-                for j in range(m):
+                for j in range(g):
                     total = None
                     for s in range(slots):
-                        part = e.reduction("add", accs[(r * m + j) * slots + s], "s")
+                        part = e.reduction("add", accs[(r * g + j) * slots + s], "s")
                         total = part if total is None else e.binary("arith.addf", total, part, "s")
-                    old = e.load_scalar(sums, [at[r], rows[j]], "old")
-                    e.store_scalar(e.binary("arith.addf", old, total, "new"), sums, [at[r], rows[j]])
+                    old = e.load_scalar(sums, [at[r], group[j]], "old")
+                    e.store_scalar(e.binary("arith.addf", old, total, "new"), sums, [at[r], group[j]])
 
         e.for_(c(0), parts, c(1), tile_part)
 
