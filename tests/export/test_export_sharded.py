@@ -163,7 +163,7 @@ def test_model_without_gqa_exports_and_runs_like_eager(tmp_path, tp):
 
     config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1, num_kv_heads=PRESETS["toy-llama"].num_heads)
     model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, tp, 1))
-    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, no GQA)", max_seq_len=16)
+    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, no GQA)", max_seq_len=16, functions=("prefill", "decode"))
     tokens = torch.tensor([[3, 1, 4, 1, 5]])
     ids, logits = CompiledModel(tmp_path / "art").generate(tokens, 4)
     assert torch.equal(ids, model.generate(tokens, 4))
@@ -186,7 +186,7 @@ def test_batched_prefill_as_long_as_the_cache_exports_and_runs_like_eager(tmp_pa
 
     config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1, num_kv_heads=tp)
     model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, tp, 1))
-    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, 1 KV head per shard)", batch_sizes=(2,), max_seq_len=16)
+    export_artifact(model, tmp_path / "art", source="toy-llama (1 block, 1 KV head per shard)", batch_sizes=(2,), max_seq_len=16, functions=("prefill", "decode"))
     tokens = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     got, _ = CompiledModel(tmp_path / "art").prefill(tokens)
     want = model.prefill(tokens)
@@ -208,7 +208,7 @@ def test_gpu_targets_compile_a_whole_model(tmp_path, target):
 
     config = dataclasses.replace(PRESETS["toy-llama"], num_layers=1)
     model = LlamaModel(config, random_theta(config), ParallelPlan.from_tp_pp(1, 2, 1))
-    manifest = export_artifact(model, tmp_path / "art", source="toy-llama (1 block)", max_seq_len=16, target=target)
+    manifest = export_artifact(model, tmp_path / "art", source="toy-llama (1 block)", max_seq_len=16, target=target, functions=("prefill", "decode"))
     assert manifest.compile["driver"] == target and manifest.module["vmfb_size"] > 1000
     assert "scaled_dot_product_attention" not in (tmp_path / "art" / "model.mlir").read_text()
     assert json.loads((tmp_path / "art" / "manifest.json").read_text())["device_count"] == 2

@@ -77,7 +77,7 @@ def test_compiled_decode_with_the_kernels_matches_eager(tmp_path, kind):
     out = tmp_path / "art"
     # exact_prompts: the prompt's products as eager's (the bfloat16 prefill dispatches have their own test,
     # tests/export/test_prefill_kernels.py), so that 1e-4 checks the sharding and the decode kernels.
-    manifest = export_artifact(load_model(path, tp=1, deferred=True), out, source=str(path), max_seq_len=32, exact_prompts=True)
+    manifest = export_artifact(load_model(path, tp=1, deferred=True), out, source=str(path), max_seq_len=32, exact_prompts=True, functions=("prefill", "decode"))
     kernels, bound = CASES[kind]
     # The embedding is a lookup, not a product: its Q8_0 takes no kernel.
     assert manifest.module["cpu_kernels"] == ["decode_attention", *kernels]

@@ -43,7 +43,7 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
     out = tmp_path / "art"
     # exact_prompts: the prompt's products as eager's (the bfloat16 prefill dispatches have their own test,
     # tests/export/test_prefill_kernels.py), so that 1e-4 checks the sharding and the decode kernels.
-    manifest = export_artifact(load_model(path, tp=tp, pp=pp, deferred=True), out, source=str(path), max_seq_len=32, exact_prompts=True)
+    manifest = export_artifact(load_model(path, tp=tp, pp=pp, deferred=True), out, source=str(path), max_seq_len=32, exact_prompts=True, functions=("prefill", "decode"))
     types = _weight_globals((out / "model.mlir").read_text())
     dense = {n: t for n, t in types.items() if t not in ("i8", "ui8")}
     # No full-precision copy of a quantized weight: only the (float32) norms are not blocks.
@@ -95,6 +95,6 @@ def test_quantized_export_keeps_blocks_and_matches_eager(tmp_path, kind, tp, pp)
 @pytest.mark.parametrize("target", ["cuda", "hip"])
 def test_quantized_model_compiles_for_gpu_targets(q4_k_m_file, tmp_path, target):
     # No GPU here: the dequantize-in-the-product program compiles for both GPU targets.
-    manifest = export_artifact(load_model(q4_k_m_file, tp=2, deferred=True), tmp_path / "art", source=str(q4_k_m_file), max_seq_len=16, target=target)
+    manifest = export_artifact(load_model(q4_k_m_file, tp=2, deferred=True), tmp_path / "art", source=str(q4_k_m_file), max_seq_len=16, target=target, functions=("prefill", "decode"))
     assert manifest.compile["driver"] == target and manifest.module["vmfb_size"] > 1000
     assert manifest.module["cpu_kernels"] == []  # GPU programs keep the torch form of the products

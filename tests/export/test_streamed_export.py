@@ -101,7 +101,7 @@ def test_deferred_model_refuses_to_run(tmp_path):
 def test_cli_export_of_a_checkpoint_runs_like_eager(tmp_path):
     ckpt = _checkpoint(tmp_path, "small", SMALL)
     out = tmp_path / "art"
-    _cli("export", "--model", ckpt, "--tp", 2, "--max-seq-len", 32, "--output-dir", out)
+    _cli("export", "--model", ckpt, "--tp", 2, "--max-seq-len", 32, "--functions", "prefill,decode", "--output-dir", out)
     result = json.loads(_cli("run", out, "--tokens", "1,2,3,4,5", "--max-new-tokens", 6, "--compare-eager", "--json").stdout)
     assert result["eager_ids_match"] is True
     assert result["max_abs_error_vs_eager"] < 1e-4

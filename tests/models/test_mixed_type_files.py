@@ -104,7 +104,7 @@ def test_a_mixed_type_file_compiled_at_tp2_equals_eager(mixed_file, tmp_path):
     out = tmp_path / "art"
     # exact_prompts: the prompt's products as eager's (the bfloat16 prefill dispatches have their own test,
     # tests/export/test_prefill_kernels.py), so that 1e-4 checks the sharding and the decode kernels.
-    export_artifact(load_model(mixed_file, tp=2, deferred=True), out, source=str(mixed_file), max_seq_len=32, exact_prompts=True)
+    export_artifact(load_model(mixed_file, tp=2, deferred=True), out, source=str(mixed_file), max_seq_len=32, exact_prompts=True, functions=("prefill", "decode"))
     model = load_model(mixed_file, tp=2)
     compiled = CompiledModel(out)
     prefill, err = compiled_vs_eager(compiled, model)

@@ -24,7 +24,7 @@ def test_compiled_mixtral_equals_eager(tmp_path):
     ckpt = tmp_path / "ckpt"
     hf_moe("mixtral").save_pretrained(ckpt)
     out = tmp_path / "art"
-    export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32)
+    export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32, functions=("prefill", "decode"))
     mlir = (out / "model.mlir").read_text()
     # Decode (one token, k=2 of E=4) gathers the two chosen experts of every stacked weight;
     # prefill computes all four, weighted.
