@@ -2,8 +2,8 @@
 then :class:`~sharktank.runtime.CompiledModel`) against llama.cpp's (llama-cpp-python), in
 interleaved rounds in one run.
 
-    python tools/bench_llamacpp.py [--files A.gguf,...] [--quantize f16,q8_0,q4_0,q4_1,q4_k_m]
-        [--rounds 3] [--steps 32] [--prompt 128] [--ctx 256] [--llamacpp DIR] [--work DIR] [--json FILE]
+    python tools/bench_llamacpp.py [--files A.gguf,B.gguf=bfloat16,...] [--quantize f16,q8_0,q4_0,q4_1,q4_k_m]
+        [--rounds 3] [--steps 32] [--prompt 128] [--ctx 256] [--batch 8] [--llamacpp DIR] [--work DIR] [--json FILE]
 
 Setup, once and never in CI (about 20 minutes on 2 cores): llama-cpp-python built from source
 for this CPU into a directory outside the repo, which only this script's llama.cpp workers put
@@ -41,6 +41,10 @@ machine hits both alike. Both sides run 2 threads (llama.cpp ``n_threads=2``,
   warm-up, not counted); the worker's figure is the median step.
 - prefill ms: a ``--prompt``-token prompt from an empty cache, ``--prefill-reps`` times after a
   warm-up; the worker's figure is the median.
+- with ``--batch B``: the decode step of B sequences at once (ours: the artifact exported with
+  ``--batch-sizes 1,B``, ``decode_bs{B}`` after a prefill of the B rows; llama.cpp: one
+  context of B sequences, one ``llama_decode`` of a token per sequence a step, every
+  sequence's logits read back), the rows' ids the same tokens rotated; the median step.
 - run peak RSS of the worker (model loaded, both phases run).
 
 Printed: per file, each side's median over rounds with its min-max, and ours/theirs as the
@@ -98,9 +102,9 @@ def _median_ms(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1e3
 
 
-def ours_worker(artifact: Path, tokens: list[int], steps: int, prompt: int, reps: int, driver: str | None) -> dict:
+def ours_worker(artifact: Path, tokens: list[int], steps: int, prompt: int, reps: int, driver: str | None, batch: int = 0) -> dict:
     """Decode and prefill times of our compiled artifact (see the module docstring) on IREE's
-    ``driver`` (None: the artifact's own)."""
+    ``driver`` (None: the artifact's own); with ``batch``, also a decode step of that many rows."""
     import torch
 
     from sharktank.runtime import CompiledModel
@@ -123,7 +127,69 @@ def ours_worker(artifact: Path, tokens: list[int], steps: int, prompt: int, reps
         logits[0, -1].argmax().item()
         if i:
             decode.append(time.perf_counter() - t0)
-    return {"decode_ms": _median_ms(decode), "prefill_ms": _median_ms(prefill), "peak_rss_mib": _peak_rss_mib()}
+    out = {"decode_ms": _median_ms(decode), "prefill_ms": _median_ms(prefill)}
+    if batch:
+        rows = torch.tensor([_row_tokens(tokens, r) for r in range(batch)], dtype=torch.int64)
+        _, cache = model.prefill(rows[:, :DECODE_PROMPT], logits="last")
+        steps_b = []
+        for i in range(steps):
+            pos = DECODE_PROMPT + i
+            t0 = time.perf_counter()
+            logits, cache = model.decode(rows[:, pos], cache, torch.full((batch,), pos))
+            logits[:, -1].argmax(-1).tolist()
+            if i:
+                steps_b.append(time.perf_counter() - t0)
+        out["batch_decode_ms"] = _median_ms(steps_b)
+    return {**out, "peak_rss_mib": _peak_rss_mib()}
+
+
+def _row_tokens(tokens: list[int], row: int) -> list[int]:
+    """Batch row ``row``'s token ids: the tokens rotated by ``row`` (different rows, same ids)."""
+    return tokens[row:] + tokens[:row]
+
+
+def theirs_batch_worker(llamacpp: Path, gguf: Path, tokens: list[int], steps: int, batch: int, ctx: int) -> dict:
+    """llama.cpp's decode step of ``batch`` sequences at once (its low-level API: one context of
+    ``batch`` sequences, ``ctx`` positions each, one ``llama_decode`` of a token per sequence a
+    step, every sequence's logits read back), after a ``DECODE_PROMPT``-token prompt per sequence."""
+    import numpy as np
+
+    lc = _import_llama_cpp(llamacpp)
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(str(gguf).encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = ctx * batch, 512, 512, batch
+    params.n_threads = params.n_threads_batch = THREADS
+    context = lc.llama_init_from_model(model, params)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    lots = lc.llama_batch_init(batch * DECODE_PROMPT, 0, 1)
+    rows = [_row_tokens(tokens, r) for r in range(batch)]
+
+    def step(at: int, length: int) -> None:  # tokens at..at+length of every row, the last ones' logits
+        lots.n_tokens = batch * length
+        for r in range(batch):
+            for j in range(length):
+                i = r * length + j
+                lots.token[i], lots.pos[i], lots.n_seq_id[i], lots.seq_id[i][0] = rows[r][at + j], at + j, 1, r
+                lots.logits[i] = j == length - 1
+        if lc.llama_decode(context, lots) != 0:
+            raise RuntimeError("llama_decode failed")
+        for r in range(batch):
+            np.ctypeslib.as_array(lc.llama_get_logits_ith(context, (r + 1) * length - 1), shape=(vocab,)).argmax()
+
+    try:
+        step(0, DECODE_PROMPT)
+        times = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            step(DECODE_PROMPT + i, 1)
+            if i:
+                times.append(time.perf_counter() - t0)
+    finally:
+        lc.llama_batch_free(lots)
+        lc.llama_free(context)
+        lc.llama_model_free(model)
+    return {"batch_decode_ms": _median_ms(times)}
 
 
 def theirs_worker(llamacpp: Path, gguf: Path, tokens: list[int], steps: int, prompt: int, reps: int, ctx: int) -> dict:
@@ -207,10 +273,12 @@ def made_files(source: Path, kinds: list[str], work: Path, llamacpp: Path) -> di
     return out
 
 
-def export_ours(gguf: Path, artifact: Path, ctx: int, reuse: bool, dtype: str | None, exact_prompts: bool = False) -> None:
+def export_ours(gguf: Path, artifact: Path, ctx: int, reuse: bool, dtype: str | None, exact_prompts: bool = False, batch: int = 0) -> None:
     if reuse and (artifact / "manifest.json").is_file():
         return
     args = [sys.executable, "-m", "sharktank.cli", "export", "--model", str(gguf), "--max-seq-len", str(ctx), "--output-dir", str(artifact)]
+    if batch > 1:
+        args += ["--batch-sizes", f"1,{batch}", "--functions", "prefill,decode"]
     if dtype:
         args += ["--dtype", dtype]
     if exact_prompts:
@@ -235,14 +303,17 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(results: dict[str, dict[str, list[dict]]]) -> str:
+def table(results: dict[str, dict[str, list[dict]]], batch: int = 0) -> str:
     """Markdown rows: medians over rounds (min-max) and the median per-round ratio ours/theirs."""
-    head = ("| file | our decode ms/token | llama.cpp decode ms/token | ratio | our prefill ms | llama.cpp prefill ms | ratio "
-            "| peak RSS MiB ours / theirs |\n|---|---|---|---|---|---|---|---|")
+    keys = ["decode_ms", "prefill_ms"] + (["batch_decode_ms"] if batch else [])
+    head = "| file | our decode ms/token | llama.cpp decode ms/token | ratio | our prefill ms | llama.cpp prefill ms | ratio "
+    if batch:
+        head += f"| our decode ms/step, {batch} rows | llama.cpp's | ratio "
+    head += "| peak RSS MiB ours / theirs |\n|" + "---|" * (3 * len(keys) + 2)
     lines = [head]
     for name, sides in results.items():
         cells = [name]
-        for key in ("decode_ms", "prefill_ms"):
+        for key in keys:
             ours, theirs = [r[key] for r in sides["ours"]], [r[key] for r in sides["theirs"]]
             ratios = [a / b for a, b in zip(ours, theirs)]
             cells += [_spread(ours), _spread(theirs), _spread(ratios)]
@@ -253,12 +324,15 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", default=str(REAL_FILE), help="comma-separated GGUF files to time (default: the real SmolLM2 file)")
+    parser.add_argument("--files", default=str(REAL_FILE), help="comma-separated GGUF files to time (default: the real SmolLM2 file); "
+                        "FILE=DTYPE: our export of FILE with --dtype DTYPE (e.g. an F16 file as bfloat16), a row of its own against the same llama.cpp file")
     parser.add_argument("--quantize", default="", help=f"also time llama.cpp's quantizations of the first file, comma-separated: {','.join(FTYPES)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--steps", type=int, default=32, help="decode steps per worker, the first not counted (default 32)")
     parser.add_argument("--prompt", type=int, default=128, help="prefill prompt tokens (default 128)")
     parser.add_argument("--prefill-reps", type=int, default=3, help="timed prefills per worker, after one warm-up (default 3)")
+    parser.add_argument("--batch", type=int, default=0, help="also time a decode step of this many sequences at once (ours: "
+                        "exported with --batch-sizes 1,BATCH; llama.cpp: one context of BATCH sequences); default: off")
     parser.add_argument("--ctx", type=int, default=256, help="KV-cache positions, both sides (default 256)")
     parser.add_argument("--dtype", default=None, help="our export's --dtype (default: as stored)")
     parser.add_argument("--exact-prompts", action="store_true", help="our export's --exact-prompts (prompts of quantized float32 "
@@ -280,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt + 1 > args.ctx or DECODE_PROMPT + args.steps > args.ctx:
         parser.error(f"--ctx {args.ctx} must hold the prompt ({args.prompt} tokens) and {DECODE_PROMPT} + --steps ({args.steps}) decode positions")
     args.work.mkdir(parents=True, exist_ok=True)
-    files = {Path(f).name: Path(f) for f in args.files.split(",") if f}
+    files, dtypes = {}, {}
+    for spec in (f for f in args.files.split(",") if f):
+        path, _, dtype = spec.partition("=")
+        name = Path(path).name + (f" as {dtype}" if dtype else "")
+        files[name], dtypes[name] = Path(path), dtype or args.dtype
     kinds = [k for k in args.quantize.split(",") if k]
     unknown = [k for k in kinds if k not in FTYPES]
     if unknown:
@@ -289,10 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         files.update(made_files(next(iter(files.values())), kinds, args.work, args.llamacpp))
     load = os.getloadavg()
     print(f"== llama.cpp side by side: {len(files)} files, {args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
-    variant = (f"-{args.dtype}" if args.dtype else "") + ("-exact" if args.exact_prompts else "")
-    artifacts = {name: args.work / f"ours-{Path(name).stem}{variant}" for name in files}
+    variant = ("-exact" if args.exact_prompts else "") + (f"-b{args.batch}" if args.batch else "")
+    artifacts = {name: args.work / f"ours-{path.stem}{'-' + dtypes[name] if dtypes.get(name) else ''}{variant}" for name, path in files.items()}
     for name, path in files.items():
-        export_ours(path, artifacts[name], args.ctx, args.reuse, args.dtype, args.exact_prompts)
+        export_ours(path, artifacts[name], args.ctx, args.reuse, dtypes.get(name), args.exact_prompts, args.batch)
     tokens = {}
     for name, path in files.items():
         g, vocab = random.Random(0), vocab_size(path)
@@ -303,18 +381,22 @@ def main(argv: list[str] | None = None) -> int:
     system = None
     for r in range(args.rounds):
         for name, path in files.items():
-            ours = _worker("ours", str(artifacts[name]), tokens[name], *common, args.driver or "")
+            ours = _worker("ours", str(artifacts[name]), tokens[name], *common, args.driver or "", str(args.batch))
             theirs = _worker("theirs", str(args.llamacpp), str(path), tokens[name], *common, str(args.ctx), env=omp)
             system = theirs.pop("system")
+            if args.batch:
+                theirs.update(_worker("theirs-batch", str(args.llamacpp), str(path), tokens[name], str(args.steps), str(args.batch), str(args.ctx), env=omp))
             results[name]["ours"].append(ours)
             results[name]["theirs"].append(theirs)
             print(f"  round {r + 1}/{args.rounds} {name}: decode {ours['decode_ms']:.2f} / {theirs['decode_ms']:.2f} ms, "
-                  f"prefill {ours['prefill_ms']:.1f} / {theirs['prefill_ms']:.1f} ms (ours / llama.cpp)", flush=True)
+                  f"prefill {ours['prefill_ms']:.1f} / {theirs['prefill_ms']:.1f} ms"
+                  + (f", decode of {args.batch} rows {ours['batch_decode_ms']:.1f} / {theirs['batch_decode_ms']:.1f} ms" if args.batch else "")
+                  + " (ours / llama.cpp)", flush=True)
     load = os.getloadavg()
     print(f"\nllama.cpp: {system}{' (OMP_WAIT_POLICY=PASSIVE)' if omp else ''}\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
           f"decode at a context of {DECODE_PROMPT}-{DECODE_PROMPT + args.steps} tokens, prefill of {args.prompt} tokens; "
           f"medians over {args.rounds} rounds (min-max); ratio = ours / llama.cpp per round\n")
-    print(table(results))
+    print(table(results, args.batch))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
     return 0
@@ -323,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run_worker(argv: list[str]) -> int:
     kind, rest = argv[0], argv[1:]
     if kind == "ours":
-        artifact, tokens, steps, prompt, reps, driver = rest
-        result = ours_worker(Path(artifact), json.loads(tokens), int(steps), int(prompt), int(reps), driver or None)
+        artifact, tokens, steps, prompt, reps, driver, batch = rest
+        result = ours_worker(Path(artifact), json.loads(tokens), int(steps), int(prompt), int(reps), driver or None, int(batch))
+    elif kind == "theirs-batch":
+        llamacpp, gguf, tokens, steps, batch, ctx = rest
+        result = theirs_batch_worker(Path(llamacpp), Path(gguf), json.loads(tokens), int(steps), int(batch), int(ctx))
     elif kind == "theirs":
         llamacpp, gguf, tokens, steps, prompt, reps, ctx = rest
         result = theirs_worker(Path(llamacpp), Path(gguf), json.loads(tokens), int(steps), int(prompt), int(reps), int(ctx))
