@@ -263,9 +263,30 @@ def trace_program(
         fxb.export_program(forward, args=args, dynamic_shapes=dynamic, strict=False, name=name, arg_device=arg_device)
 
 
+# Range assertions torch.export adds for data-dependent sizes (unbacked symbols, e.g. the
+# expert runs of ops.expert_ffn). iree-turbine's importer cannot import their symbolic
+# booleans; the sizes are in range by construction, so the assertions are dropped.
+_ASSERTIONS = ("_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range")
+
+
+def _drop_size_assertions(program) -> None:
+    graph = program.graph_module.graph
+    found = False
+    for node in list(graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in _ASSERTIONS:
+            graph.erase_node(node)
+            found = True
+    if found:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+
+
 def import_programs(fxb):
     """The MLIR module of every function traced into ``fxb``."""
     from iree.turbine import aot
+
+    for target in fxb.programs.values():
+        _drop_size_assertions(target.target)
 
     with _absent_dialect_modules("iree.compiler.dialects.torch", "iree.compiler.dialects.torch_c"):
         return aot.export(fxb)

@@ -9,8 +9,9 @@ Two evaluations give the same values (:func:`moe_ffn` picks by the number of row
 
 - *gathered*, for few tokens (decode): the chosen experts' weights are gathered along the
   expert dim, so a step reads ``rows * k`` experts' weights, not all ``E``;
-- *all experts*, once ``rows * k >= E`` (prefill): every expert's products over every token,
-  weighted by the routing weights, which are zero for the experts a token did not choose.
+- *grouped* (:func:`sharktank.ops.expert_ffn`), once ``rows * k >= E`` (prefill) or when the
+  expert dim is split: the tokens are put in expert order and each expert runs over only the
+  tokens that chose it, so a prompt computes ``rows * k`` expert rows, not ``rows * E``.
 
 Tensor parallel: each expert's FFN is split as the dense one is (gate and up on ffn, down on
 its ffn input) and the router is replicated, so routing is computed on every device alike,
@@ -18,10 +19,11 @@ each device computes its ffn slice of the chosen experts, and the weighted sum o
 sums is all-reduced once: the same one collective as a dense FFN.
 
 Expert parallel (the stacked experts split on the expert dim, whole experts per device):
-the ops' rules give each device its own experts' products over every token, weighted (zero
-where a token chose another expert), and the sum over experts is again one all-reduce. The
-tokens are not moved, and each device reads all of its ``E / N`` experts: the gathered form
-would need a per-device gather of data-dependent size, left for a later step.
+routing is replicated, so every device knows every token's experts; each device runs its
+own experts over the tokens that chose them (grouped), and one all-reduce of the ``[rows,
+hidden]`` partial sums combines them. No tokens are dispatched: every device already holds
+every token (attention is tensor-parallel over the same devices, its output all-reduced), so
+the combine is the one collective, the same bytes as a dense FFN's all-reduce.
 """
 
 from __future__ import annotations
@@ -106,25 +108,6 @@ def _experts_gathered(x, weights, experts, gate, up, down):
     return ops.sum(ops.reshape(y, [rows, k, hidden]), dim=1)
 
 
-def _dense_weights(weights: torch.Tensor, experts: torch.Tensor, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[rows, E]``: each token's weight for every expert (zero where not chosen)."""
-    # A one-hot sum rather than scatter: IREE 3.10 crashes lowering a scatter of dynamic rows.
-    one_hot = experts[..., None] == torch.arange(num_experts, device=experts.device)  # [rows, k, E]
-    return (one_hot.to(weights.dtype) * weights[..., None]).sum(dim=1).to(dtype)
-
-
-def _experts_all(x, weights, experts, gate, up, down):
-    """The same sum computed over every expert (unchosen ones weighted zero)."""
-    rows, hidden = x.shape
-    e = gate.shape[0]
-    xe = ops.expand(ops.reshape(x, [1, rows, hidden]), [e, rows, hidden])
-    g = ops.matmul(xe, gate, transpose_rhs=True)  # [E, rows, ffn]
-    u = ops.matmul(xe, up, transpose_rhs=True)
-    y = ops.matmul(ops.elementwise(_silu_mul, g, u), down, transpose_rhs=True)  # [E, rows, hidden]
-    w = ops.elementwise(_dense_weights, weights, experts, num_experts=e, dtype=x.dtype)
-    return ops.sum(ops.mul(y, ops.reshape(ops.transpose(w, 0, 1), [e, rows, 1])), dim=0)
-
-
 def _split_experts(w) -> bool:
     return isinstance(w, SplitPrimitiveTensor) and w.shard_dim == 0 and w.shard_count > 1
 
@@ -133,8 +116,9 @@ def moe_ffn(x, router, gate, up, down, *, top_k: int, routing: str, normalize: b
     """The mixture-of-experts FFN of ``x`` ``[..., hidden]``: ``router`` ``[E, hidden]``, experts
     ``gate``/``up`` ``[E, ffn, hidden]`` and ``down`` ``[E, hidden, ffn]`` (see the module
     docstring for the placements), ``top_k`` experts per token by the rule ``routing``.
-    ``gathered``: read only the chosen experts (default: when ``rows * top_k < E`` for a
-    static number of rows, and the expert dim is not split)."""
+    ``gathered``: read only the chosen experts by gathering their weights (default: when
+    ``rows * top_k < E`` for a static number of rows, and the expert dim is not split);
+    otherwise group the tokens by expert (:func:`sharktank.ops.expert_ffn`)."""
     *lead, hidden = x.shape
     e = router.shape[0]
     for name, w, want in (("gate", gate, (e, None, hidden)), ("up", up, (e, None, hidden)), ("down", down, (e, hidden, None))):
@@ -145,6 +129,6 @@ def moe_ffn(x, router, gate, up, down, *, top_k: int, routing: str, normalize: b
     if gathered is None:  # a traced prompt's symbolic length takes the all-experts form
         rows = x.shape[0]
         gathered = isinstance(rows, int) and rows * top_k < e and not _split_experts(gate)
-    y = (_experts_gathered if gathered else _experts_all)(x, weights, experts, gate, up, down)
+    y = (_experts_gathered if gathered else ops.expert_ffn)(x, weights, experts, gate, up, down)
     y = ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y
     return ops.reshape(y, [*lead, hidden])

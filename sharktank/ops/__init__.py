@@ -28,6 +28,7 @@ from .collectives import (
 from .coalesce import BUCKET_BYTES, FIRST_BUCKET_BYTES, all_reduce_coalesced, bucket_sizes, transfer_coalesced
 from .elementwise import add, div, elementwise, mul, sub, to
 from .matrix import block_kernels, linear, matmul
+from .experts import expert_ffn
 from .index import index_put, index_select, take_along_dim
 from .nn import attention_as_matmuls, attention_kernels, embedding_lookup, layer_norm, paged_attention, rms_norm, scaled_dot_product_attention, softmax
 from .reduction import argmax, mean, sum
@@ -74,6 +75,7 @@ __all__ = [
     "to",
     "matmul",
     "linear",
+    "expert_ffn",
     "block_kernels",
     "softmax",
     "rms_norm",

@@ -1,5 +1,6 @@
 """A Mixtral checkpoint exported, compiled for the CPU and run: its logits and greedy ids equal
-the eager model's, and its decode program gathers only the routed experts (read in the IR)."""
+the eager model's, its decode program gathers only the routed experts and its prefill
+runs each expert over only its own tokens (read in the IR)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,21 @@ def test_compiled_mixtral_equals_eager(tmp_path):
     export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32, functions=("prefill", "decode"))
     mlir = (out / "model.mlir").read_text()
     # Decode (one token, k=2 of E=4) gathers the two chosen experts of every stacked weight;
-    # prefill computes all four, weighted.
+    # prefill groups the tokens by expert: each expert runs over its own run of tokens (a
+    # narrow of data-dependent size per expert and block), and no product spans all experts.
     expert_gather = re.compile(r"torch\.aten\.index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[4,\d+,\d+\],f32>, .* -> !torch\.vtensor<\[2,")
     assert len(expert_gather.findall(_function(mlir, "decode_bs1"))) == 3 * 2  # gate, up and down of both blocks
-    assert not expert_gather.findall(_function(mlir, "prefill_bs1"))
+    prefill = _function(mlir, "prefill_bs1")
+    assert not expert_gather.findall(prefill)
+    assert len(re.findall(r"torch\.aten\.narrow ", prefill)) == 2 * 4
+    assert not re.search(r"vtensor<\[4,\?,", prefill)
 
     compiled, model = CompiledModel(out), load_model(ckpt)
     prompt = TOKENS[:1, :12]
+    short = TOKENS[:1, :2]  # 4 pairs over 4 experts: runs of zero tokens are likely
+    got, _ = compiled.prefill(short)
+    want = model.prefill(short)
+    assert ((got - want).abs().amax(-1) / want.abs().amax(-1)).max().item() <= 1e-5
     got, _ = compiled.prefill(prompt)
     want = model.prefill(prompt)
     err = ((got - want).abs().amax(-1) / want.abs().amax(-1)).max().item()
@@ -46,8 +55,10 @@ def test_compiled_mixtral_equals_eager(tmp_path):
 
 
 def test_expert_parallel_export_from_the_command_line(tmp_path, capsys):
-    """`export --tp 2 --ep 2`: whole experts per device, compiled; `run --compare-eager` rebuilds
-    the eager model with the same split from the manifest; inspect says how experts are placed."""
+    """`export --tp 2 --ep 2 --pp 2`: whole experts per device in each stage's group, compiled;
+    `run --compare-eager` rebuilds the eager model with the same split from the manifest; a
+    batch of 4 (8 pairs over each device's 2 experts: every local expert run, weighted) equals
+    eager; inspect says how experts are placed."""
     import json
 
     from sharktank.cli import main
@@ -56,11 +67,18 @@ def test_expert_parallel_export_from_the_command_line(tmp_path, capsys):
     hf_moe("mixtral").save_pretrained(ckpt)
     out = tmp_path / "art"
     capsys.readouterr()
-    assert main(["export", "--model", str(ckpt), "--tp", "2", "--ep", "2", "--max-seq-len", "32", "--output-dir", str(out), "--json"]) == 0
+    argv = ["--tp", "2", "--ep", "2", "--pp", "2", "--batch-sizes", "1,4", "--functions", "prefill,decode"]
+    assert main(["export", "--model", str(ckpt), *argv, "--max-seq-len", "32", "--output-dir", str(out), "--json"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["experts"] == "experts"
     assert main(["run", str(out), "--tokens", "3,1,4,1,5", "--max-new-tokens", "4", "--compare-eager", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert ran["eager_ids_match"] and ran["max_abs_error_vs_eager"] < 1e-4
+    prompt = TOKENS[:, :14].reshape(4, 7)
+    ids, steps = CompiledModel(out).generate(prompt, 5)
+    model = load_model(ckpt, tp=2, ep=2, pp=2)
+    assert torch.equal(ids, model.generate(prompt, 5))
+    want = model.prefill(torch.cat([prompt, ids[:, :-1]], 1))[:, 6:]
+    assert ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item() <= 1e-5
     assert main(["inspect", str(out)]) == 0
     assert "experts: 4 per block, 2 per token; whole experts per device over each tensor-parallel group" in capsys.readouterr().out

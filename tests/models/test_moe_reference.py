@@ -163,9 +163,9 @@ def test_expert_parallel_weights_are_whole_experts(checkpoint):
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_gathered_experts_equal_all_experts(checkpoint, tp, rows):
-    # Decode reads only the chosen experts; prefill computes all of them weighted (zero where
-    # not chosen): the two evaluations agree to rounding, sharded or not.
+def test_gathered_experts_equal_grouped_experts(checkpoint, tp, rows):
+    # Decode reads only the chosen experts; prefill groups the tokens by expert (ops.expert_ffn):
+    # the two evaluations agree to rounding, sharded or not.
     config, theta = load_hf_checkpoint(checkpoint("qwen3_moe"))
     p = "model.layers.0.mlp."
     names = ("gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight")
