@@ -5,13 +5,11 @@ rule (:data:`ROUTINGS`); each chosen expert is a SwiGLU FFN, and the block retur
 outputs weighted by the routing weights. Experts are stacked on a leading expert dim: gate
 and up ``[E, ffn, hidden]``, down ``[E, hidden, ffn]``.
 
-Two evaluations give the same values (:func:`moe_ffn` picks by the number of rows):
-
-- *gathered*, for few tokens (decode): the chosen experts' weights are gathered along the
-  expert dim, so a step reads ``rows * k`` experts' weights, not all ``E``;
-- *grouped* (:func:`sharktank.ops.expert_ffn`), once ``rows * k >= E`` (prefill) or when the
-  expert dim is split: the tokens are put in expert order and each expert runs over only the
-  tokens that chose it, so a prompt computes ``rows * k`` expert rows, not ``rows * E``.
+The experts' products are :func:`sharktank.ops.expert_ffn`, by the number of (token,
+expert) pairs: a decode step reads only the chosen experts' weights, in place (fewer pairs
+than experts) or each expert once (batched decode); a prompt puts its tokens in expert order
+and runs each expert over only the tokens that chose it, so it computes ``rows * k`` expert
+rows, not ``rows * E``.
 
 Tensor parallel: each expert's FFN is split as the dense one is (gate and up on ffn, down on
 its ffn input) and the router is replicated, so routing is computed on every device alike,
@@ -31,10 +29,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
-from ..types import SplitPrimitiveTensor, UnreducedTensor
+from ..types import UnreducedTensor
 
 __all__ = ["ROUTINGS", "route", "moe_ffn"]
 
@@ -85,40 +82,12 @@ def route(logits, top_k: int, routing: str, normalize: bool = True):
     return weights, experts
 
 
-def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    return F.silu(g) * u
-
-
-def _select(w, index):
-    """The experts ``index`` of stacked weights ``w`` (plain, split or quantized)."""
-    return ops.index_select(w, 0, index)
-
-
-def _experts_gathered(x, weights, experts, gate, up, down):
-    """``sum_j weights[t, j] * expert_{experts[t, j]}(x[t])`` with only the chosen experts read."""
-    rows, hidden = x.shape
-    k = experts.shape[-1]
-    n = rows * k
-    flat = ops.reshape(experts, [n])
-    xs = ops.reshape(ops.expand(ops.reshape(x, [rows, 1, 1, hidden]), [rows, k, 1, hidden]), [n, 1, hidden])
-    g = ops.matmul(xs, _select(gate, flat), transpose_rhs=True)  # [n, 1, ffn]
-    u = ops.matmul(xs, _select(up, flat), transpose_rhs=True)
-    y = ops.matmul(ops.elementwise(_silu_mul, g, u), _select(down, flat), transpose_rhs=True)  # [n, 1, hidden]
-    y = ops.mul(y, ops.reshape(ops.to(weights, x.dtype), [n, 1, 1]))
-    return ops.sum(ops.reshape(y, [rows, k, hidden]), dim=1)
-
-
-def _split_experts(w) -> bool:
-    return isinstance(w, SplitPrimitiveTensor) and w.shard_dim == 0 and w.shard_count > 1
-
-
-def moe_ffn(x, router, gate, up, down, *, top_k: int, routing: str, normalize: bool = True, gathered: bool | None = None):
+def moe_ffn(x, router, gate, up, down, *, top_k: int, routing: str, normalize: bool = True):
     """The mixture-of-experts FFN of ``x`` ``[..., hidden]``: ``router`` ``[E, hidden]``, experts
     ``gate``/``up`` ``[E, ffn, hidden]`` and ``down`` ``[E, hidden, ffn]`` (see the module
     docstring for the placements), ``top_k`` experts per token by the rule ``routing``.
-    ``gathered``: read only the chosen experts by gathering their weights (default: when
-    ``rows * top_k < E`` for a static number of rows, and the expert dim is not split);
-    otherwise group the tokens by expert (:func:`sharktank.ops.expert_ffn`)."""
+    The experts' products are :func:`sharktank.ops.expert_ffn`: a decode step reads only the
+    chosen experts, a prompt groups its tokens by expert."""
     *lead, hidden = x.shape
     e = router.shape[0]
     for name, w, want in (("gate", gate, (e, None, hidden)), ("up", up, (e, None, hidden)), ("down", down, (e, hidden, None))):
@@ -126,9 +95,6 @@ def moe_ffn(x, router, gate, up, down, *, top_k: int, routing: str, normalize: b
             raise ValueError(f"moe_ffn: {name} experts {list(w.shape)} do not fit router [{e}, {hidden}] (expected {list(want)}, None: ffn)")
     x = ops.reshape(x, [-1, hidden])
     weights, experts = route(ops.linear(x, router), top_k, routing, normalize)
-    if gathered is None:  # a traced prompt's symbolic length takes the all-experts form
-        rows = x.shape[0]
-        gathered = isinstance(rows, int) and rows * top_k < e and not _split_experts(gate)
-    y = (_experts_gathered if gathered else ops.expert_ffn)(x, weights, experts, gate, up, down)
+    y = ops.expert_ffn(x, weights, experts, gate, up, down)
     y = ops.all_reduce(y) if isinstance(y, UnreducedTensor) else y
     return ops.reshape(y, [*lead, hidden])

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimitiveTensor
 from ._build import ShardingError, replicated_of, unreduced_of
 from ._dispatch import sharded_op
-from .index import index_select
 from ._transfer import _tracing_tensor
 from .matrix import _f_linear, matmul
 
@@ -57,10 +56,11 @@ def expert_ffn(x: AnyTensor, weights: AnyTensor, experts: AnyTensor, gate: Weigh
 
 
 def _expert(w, e: int):
-    """Expert ``e`` of stacked weights (plain or quantized) as a 2-D weight."""
+    """Expert ``e`` of stacked weights (plain or quantized) as a 2-D weight (``e`` may be a
+    traced symbol: a slice at a data offset)."""
     if isinstance(w, QuantizedTensor):
-        return w.with_blocks(w.blocks[e], w.shape[1:])
-    return w[e]
+        return w.with_blocks(w.blocks.narrow(0, e, 1)[0], w.shape[1:])
+    return w.narrow(0, e, 1)[0]
 
 
 def _run(n: torch.Tensor, limit) -> int:
@@ -76,7 +76,8 @@ def local_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
     routing (pairs that chose others contribute zero), by the number of pairs ``n``:
 
     - a traced prompt (``n`` dynamic): :func:`grouped`, ``n`` expert rows computed;
-    - a static ``n`` below the local experts (decode): :func:`gathered`, ``n`` experts read;
+    - a static ``n`` below the local experts (decode): :func:`gathered`, ``n`` experts read
+      in place;
     - a static ``n`` of at least the local experts, traced (batched decode): :func:`every`,
       each local expert read once and run over every token, weighted; run eagerly, grouped.
 
@@ -100,17 +101,26 @@ def _local(experts: torch.Tensor, weights: torch.Tensor, first: int, local: int)
 
 
 def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:
-    """The chosen local experts' weights gathered, one product per pair."""
+    """One product per pair with its expert's weights read in place: the expert index is
+    data (``Tensor.item``), each weight a slice at that offset, so no weight is copied (a
+    gather of the chosen experts' weights copied them first: 7.6 against 5.0 ms for a
+    Mixtral-shaped layer's two float32 experts here), and the slice is a 2-D weight the CPU
+    kernels take."""
     rows, hidden = x.shape
     k = experts.shape[-1]
-    n = rows * k
-    e, w = _local(experts, weights, first, gate.shape[0])
-    flat = e.reshape(n)
-    xs = x.reshape(rows, 1, 1, hidden).expand(rows, k, 1, hidden).reshape(n, 1, hidden)
-    g = matmul(xs, index_select(gate, 0, flat), transpose_rhs=True)  # [n, 1, ffn]
-    u = matmul(xs, index_select(up, 0, flat), transpose_rhs=True)
-    y = matmul(F.silu(g) * u, index_select(down, 0, flat), transpose_rhs=True)  # [n, 1, hidden]
-    return (y.reshape(rows, k, hidden) * w.to(x.dtype)[..., None]).sum(1)
+    local = gate.shape[0]
+    e, w = _local(experts, weights, first, local)
+    w = w.to(x.dtype)
+    out = []
+    for t in range(rows):
+        xt = x.narrow(0, t, 1)
+        y = 0
+        for j in range(k):
+            i = _run(e[t, j], local - 1)
+            h = F.silu(_f_linear(xt, _expert(gate, i))) * _f_linear(xt, _expert(up, i))
+            y = y + _f_linear(h, _expert(down, i)) * w[t, j]
+        out.append(y)
+    return torch.cat(out, 0)
 
 
 def every(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:

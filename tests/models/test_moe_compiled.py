@@ -27,14 +27,16 @@ def test_compiled_mixtral_equals_eager(tmp_path):
     out = tmp_path / "art"
     export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32, functions=("prefill", "decode"))
     mlir = (out / "model.mlir").read_text()
-    # Decode (one token, k=2 of E=4) gathers the two chosen experts of every stacked weight;
-    # prefill groups the tokens by expert: each expert runs over its own run of tokens (a
-    # narrow of data-dependent size per expert and block), and no product spans all experts.
-    expert_gather = re.compile(r"torch\.aten\.index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[4,\d+,\d+\],f32>, .* -> !torch\.vtensor<\[2,")
-    assert len(expert_gather.findall(_function(mlir, "decode_bs1"))) == 3 * 2  # gate, up and down of both blocks
-    prefill = _function(mlir, "prefill_bs1")
-    assert not expert_gather.findall(prefill)
-    assert len(re.findall(r"torch\.aten\.narrow ", prefill)) == 2 * 4
+    # Decode (one token, k=2 of E=4) reads the two chosen experts of every stacked weight in
+    # place (a slice at a data offset, no gather); prefill groups the tokens by expert: each
+    # expert runs over its own run of tokens (a narrow of data-dependent size per expert and
+    # block), and no product spans all experts.
+    decode, prefill = _function(mlir, "decode_bs1"), _function(mlir, "prefill_bs1")
+    expert_slice = re.compile(r"torch\.aten\.narrow %\S+, %int0\S*, %\S+, %int1\S* : !torch\.vtensor<\[4,\d+,\d+\],f32>")
+    assert len(expert_slice.findall(decode)) == 3 * 2 * 2  # gate, up and down of both pairs, both blocks
+    assert not re.search(r"index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[4,", decode + prefill)
+    runs = re.compile(r"torch\.aten\.narrow %\S+, %\S+, %\S+, %\S+ : !torch\.vtensor<\[\?,\d+\],f32>")
+    assert len(runs.findall(prefill)) == 2 * 4
     assert not re.search(r"vtensor<\[4,\?,", prefill)
 
     compiled, model = CompiledModel(out), load_model(ckpt)

@@ -14,7 +14,7 @@ import torch
 from placing import all_reduce_transfers
 from reference import QK_NORM_SCALE, QK_SCALE, assert_logits_match, logits_error
 from sharktank import ops
-from sharktank.layers import moe_ffn, route
+from sharktank.layers import route
 from sharktank.models import load_gguf, load_hf_checkpoint, load_model, save_gguf
 from sharktank.models.llama import LlamaConfig
 from sharktank.models.llama.model import LlamaModel
@@ -161,23 +161,27 @@ def test_expert_parallel_weights_are_whole_experts(checkpoint):
     assert isinstance(w["q"], SplitPrimitiveTensor) and w["q"].shard_dim == 0 and w["q"].devices == (0, 1)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_gathered_experts_equal_grouped_experts(checkpoint, tp, rows):
-    # Decode reads only the chosen experts; prefill groups the tokens by expert (ops.expert_ffn):
-    # the two evaluations agree to rounding, sharded or not.
+def test_the_three_expert_forms_agree_on_a_checkpoint(checkpoint, rows):
+    # Decode reads only the chosen experts (in place, or each once); prefill groups the tokens
+    # by expert (ops.expert_ffn): on a real block's weights and routing the forms agree to
+    # rounding, and the op split over 2 devices (each expert's ffn, or whole experts) too.
+    from sharktank.ops.experts import every, gathered, grouped
+
     config, theta = load_hf_checkpoint(checkpoint("qwen3_moe"))
     p = "model.layers.0.mlp."
     names = ("gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight", "experts.down_proj.weight")
-    ws = [theta[p + n] for n in names]
-    x = torch.randn(1, rows, config.hidden_size, generator=torch.Generator().manual_seed(4))
-    if tp > 1:
-        devices = tuple(range(tp))
-        ws = [ReplicatedTensor(ts=ws[0], devices=devices)] + [SplitPrimitiveTensor(shard_dim=d, ts=w, devices=devices) for d, w in zip((1, 1, 2), ws[1:])]
-        x = ReplicatedTensor(ts=x, devices=devices)
-    kw = dict(top_k=config.num_experts_per_tok, routing=config.family.routing, normalize=config.norm_topk_prob)
-    gathered, every = (ops.unshard(moe_ffn(x, *ws, gathered=g, **kw)) for g in (True, False))
-    assert logits_error(gathered, every) < 1e-6
+    router, *ws = [theta[p + n] for n in names]
+    x = torch.randn(rows, config.hidden_size, generator=torch.Generator().manual_seed(4))
+    weights, experts = route(ops.linear(x, router), config.num_experts_per_tok, config.family.routing, config.norm_topk_prob)
+    want = grouped(x, weights, experts, *ws)
+    for form in (gathered, every):
+        assert logits_error(form(x, weights, experts, *ws), want) < 1e-6
+    devices = (0, 1)
+    rep = [ReplicatedTensor(ts=t, devices=devices) for t in (x, weights, experts)]
+    for dims in ((1, 1, 2), (0, 0, 0)):
+        split = [SplitPrimitiveTensor(shard_dim=d, ts=w, devices=devices) for d, w in zip(dims, ws)]
+        assert logits_error(ops.unshard(ops.expert_ffn(*rep, *split)), want) < 1e-6
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe_unnormed"])
