@@ -1,0 +1,205 @@
+"""Mixture-of-experts decode and prefill against their limits, side by side in one run.
+
+    python tools/bench_moe.py [--rounds 3] [--layers 4] [--steps 16] [--prompt 128] [--json FILE]
+
+Three float32 checkpoints with random weights (transformers' classes, cached under
+``~/.cache/sharktank/moe``): a Mixtral-shaped model (8 experts, top 2), a Qwen3-MoE-shaped one
+(64 experts, top 8) and a dense Llama with the same total FFN bytes (ffn = E * expert ffn),
+each exported for the CPU (``prefill``, ``decode``) and timed in interleaved rounds:
+
+- decode ms/token (batch 1) against the *active-bytes* limit: the weights a step reads
+  (dense ones, the router, the LM head, and ``top_k / E`` of the experts) over this machine's
+  read bandwidth (``bench_limits.read_bandwidth_gbs``); target <= 1.3x;
+- decode against the dense model of the same total bytes: target faster by >= 0.6 * E / top_k;
+- prefill of ``--prompt`` tokens against the dense model (which computes what an
+  every-expert-over-every-token prefill computes);
+- bytes crossing devices per decode token at ep 1, 2 and 4 (eager, ``ops.record_transfers``),
+  next to a ring all-reduce's (the minimum for combining partial sums held on every device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_limits import read_bandwidth_gbs  # noqa: E402
+
+HIDDEN, HEADS, KV_HEADS, VOCAB = 1024, 16, 4, 4096
+SHAPES = {
+    # name: (class, experts, top_k, ffn per expert)
+    "mixtral_8x2": ("mixtral", 8, 2, 1536),
+    "qwen3moe_64x8": ("qwen3_moe", 64, 8, 192),
+    "dense_same_bytes": ("llama", 1, 1, 8 * 1536),
+}
+
+
+def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int):
+    common = dict(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, num_hidden_layers=layers,
+                  vocab_size=VOCAB, max_position_embeddings=512, tie_word_embeddings=False, torch_dtype="float32")
+    if kind == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(intermediate_size=ffn, num_local_experts=experts, num_experts_per_tok=top_k, **common)
+    if kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(moe_intermediate_size=ffn, intermediate_size=ffn, num_experts=experts, num_experts_per_tok=top_k,
+                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], head_dim=HIDDEN // HEADS, **common)
+    from transformers import LlamaConfig
+
+    return LlamaConfig(intermediate_size=ffn, **common)
+
+
+def checkpoint(name: str, layers: int) -> Path:
+    """The cached checkpoint of ``name`` (made once, random weights, seed 0)."""
+    path = Path.home() / ".cache" / "sharktank" / "moe" / f"{name}-l{layers}"
+    if not (path / "config.json").exists():
+        import transformers
+
+        kind, experts, top_k, ffn = SHAPES[name]
+        config = _config(kind, experts, top_k, ffn, layers)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        with torch.no_grad():  # a sharp router: top-k choices far from ties, as trained ones are
+            for n, p in model.named_parameters():
+                if n.endswith("mlp.gate.weight") and p.shape[0] == experts:
+                    p.mul_(8)
+        model.save_pretrained(path)
+    return path
+
+
+def active_bytes(name: str, ckpt: Path) -> tuple[int, int]:
+    """(bytes a batch-1 decode step reads, total weight bytes): the embedding table counts one
+    row; stacked or per-expert tensors count ``top_k / E`` of their bytes."""
+    from safetensors import safe_open
+
+    _, experts, top_k, _ = SHAPES[name]
+    active = total = 0
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            for key in st.keys():
+                shape = st.get_slice(key).get_shape()
+                n = 4
+                for d in shape:
+                    n *= d
+                total += n
+                if "embed_tokens" in key:
+                    active += n // shape[0]
+                elif ".experts." in key:
+                    active += n * top_k // experts
+                else:
+                    active += n
+    return active, total
+
+
+def artifact(name: str, layers: int, max_seq_len: int) -> Path:
+    from sharktank.export.artifact import export_artifact
+    from sharktank.models import load_model
+
+    ckpt = checkpoint(name, layers)
+    out = ckpt.parent / f"{ckpt.name}-art{max_seq_len}"
+    if not (out / "manifest.json").exists():
+        print(f"exporting {name} ...", flush=True)
+        export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=max_seq_len, functions=("prefill", "decode"))
+    return out
+
+
+def _times(model, prompt: torch.Tensor, steps: int) -> dict:
+    t0 = time.perf_counter()
+    logits, _ = model.prefill(prompt, logits="last")
+    logits[0, -1].argmax().item()
+    prefill = time.perf_counter() - t0
+    _, cache = model.prefill(prompt[:, :8], logits="last")
+    decode = []
+    for i in range(steps):
+        pos = 8 + i
+        t0 = time.perf_counter()
+        logits, cache = model.decode(prompt[:, pos], cache, torch.tensor([pos]))
+        logits[0, -1].argmax().item()
+        if i:
+            decode.append(time.perf_counter() - t0)
+    return {"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(decode) * 1e3}
+
+
+def transfer_bytes(name: str, layers: int, ep: int) -> dict:
+    """Bytes crossing devices in one eager batch-1 decode step at tp = ep, and a ring
+    all-reduce's bytes for the same collectives (2 (N-1) / N of each reduced tensor sent by
+    each of the N devices)."""
+    from sharktank import ops
+    from sharktank.models import load_model
+
+    model = load_model(checkpoint(name, layers), tp=ep, ep=ep)
+    tokens = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(1, 32)
+    model.prefill(tokens[:, :8], cache)
+    with ops.record_transfers() as log:
+        model.decode(tokens[:, 8:], cache, torch.tensor([8]))
+    # Per block: the attention output and the FFN (experts) output, [1, hidden] float32 each.
+    ring = layers * 2 * 2 * (ep - 1) * HIDDEN * 4
+    return {"ep": ep, "bytes_per_token": log.total_bytes(), "ring_all_reduce_bytes_per_token": ring, "transfers": len(log)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+
+    from sharktank.runtime import CompiledModel
+
+    max_seq_len = max(256, args.prompt + 8)
+    models = {n: CompiledModel(artifact(n, args.layers, max_seq_len)) for n in SHAPES}
+    prompt = torch.randint(0, VOCAB, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    runs: dict[str, list[dict]] = {n: [] for n in SHAPES}
+    bandwidth = []
+    for r in range(args.rounds):
+        bandwidth.append(read_bandwidth_gbs(rounds=3)["median"])
+        for n, m in models.items():
+            runs[n].append(_times(m, prompt, args.steps))
+            print(f"round {r + 1}/{args.rounds} {n}: decode {runs[n][-1]['decode_ms']:.2f} ms, prefill {runs[n][-1]['prefill_ms']:.0f} ms", flush=True)
+    gbs = statistics.median(bandwidth)
+    rows = {}
+    dense = statistics.median(x["decode_ms"] for x in runs["dense_same_bytes"])
+    dense_prefill = statistics.median(x["prefill_ms"] for x in runs["dense_same_bytes"])
+    for n in SHAPES:
+        act, total = active_bytes(n, checkpoint(n, args.layers))
+        dec = [x["decode_ms"] for x in runs[n]]
+        pre = [x["prefill_ms"] for x in runs[n]]
+        limit = act / (gbs * 1e9) * 1e3
+        _, experts, top_k, _ = SHAPES[n]
+        rows[n] = {
+            "decode_ms": statistics.median(dec), "decode_range": [min(dec), max(dec)], "prefill_ms": statistics.median(pre),
+            "prefill_range": [min(pre), max(pre)], "active_bytes": act, "total_bytes": total, "active_limit_ms": limit,
+            "decode_vs_limit": statistics.median(dec) / limit, "dense_over_this_decode": dense / statistics.median(dec),
+            "target_dense_over_this": 0.6 * experts / top_k if experts > 1 else None,
+            "dense_over_this_prefill": dense_prefill / statistics.median(pre),
+        }
+    moves = [transfer_bytes("mixtral_8x2", args.layers, ep) for ep in (1, 2, 4)]
+    print(f"\nread bandwidth {gbs:.1f} GB/s; float32, {args.layers} layers, hidden {HIDDEN}, {args.rounds} interleaved rounds (median)")
+    print("| model | decode ms | active-bytes limit ms | ratio (target <= 1.3) | dense decode / this (target) | prefill ms | dense prefill / this |")
+    print("|---|---|---|---|---|---|---|")
+    for n, x in rows.items():
+        t = f"{x['target_dense_over_this']:.1f}" if x["target_dense_over_this"] else "-"
+        print(f"| {n} | {x['decode_ms']:.2f} ({x['decode_range'][0]:.2f}-{x['decode_range'][1]:.2f}) | {x['active_limit_ms']:.2f} | "
+              f"{x['decode_vs_limit']:.2f} | {x['dense_over_this_decode']:.2f} ({t}) | {x['prefill_ms']:.0f} | {x['dense_over_this_prefill']:.2f} |")
+    print("\n| ep | transfers per decode step | bytes per token | ring all-reduce bytes per token |")
+    print("|---|---|---|---|")
+    for m in moves:
+        print(f"| {m['ep']} | {m['transfers']} | {m['bytes_per_token']:.0f} | {m['ring_all_reduce_bytes_per_token']:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "rows": rows, "transfers": moves, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
