@@ -22,7 +22,9 @@ devices; the stacked experts (``gate``/``up`` ``[E, ffn, hidden]``, ``down`` ``[
 ffn]``, plain or quantized) plain, replicated, or split over those devices either
 
 - on the expert dim (expert parallelism: whole experts per device): each device runs its own
-  experts' runs (pairs that chose another device's experts are not computed), or
+  experts' runs (pairs that chose another device's experts are not computed; in a decode
+  step's in-place form, with fewer pairs than local experts, such a pair reads a local expert
+  and is weighted zero, so a device reads ``n`` experts), or
 - on each expert's ffn (gate and up on dim 1, down on dim 2): each device runs every run
   over its ffn slice.
 
