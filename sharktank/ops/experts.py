@@ -65,6 +65,12 @@ def _expert(w, e: int):
     return w.narrow(0, e, 1)[0]
 
 
+def _swiglu(x: torch.Tensor, gate, up, down, e) -> torch.Tensor:
+    """Expert ``e``'s SwiGLU FFN of the rows ``x`` (``e`` an int or a traced symbol)."""
+    h = F.silu(_f_linear(x, _expert(gate, e))) * _f_linear(x, _expert(up, e))
+    return _f_linear(h, _expert(down, e))
+
+
 def _run(n: torch.Tensor, limit) -> int:
     """A run's start or length as an int (an unbacked symbol when traced), in 0..limit."""
     v = n.item()
@@ -118,9 +124,7 @@ def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tenso
         xt = x.narrow(0, t, 1)
         y = 0
         for j in range(k):
-            i = _run(e[t, j], local - 1)
-            h = F.silu(_f_linear(xt, _expert(gate, i))) * _f_linear(xt, _expert(up, i))
-            y = y + _f_linear(h, _expert(down, i)) * w[t, j]
+            y = y + _swiglu(xt, gate, up, down, _run(e[t, j], local - 1)) * w[t, j]
         out.append(y)
     return torch.cat(out, 0)
 
@@ -162,9 +166,7 @@ def grouped(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate,
     for e in range(local):
         start, count = _run(starts[e], n), _run(counts[e], n)
         torch._check(start + count <= n)
-        seg = xs.narrow(0, start, count)
-        h = F.silu(_f_linear(seg, _expert(gate, e))) * _f_linear(seg, _expert(up, e))
-        outs.append(_f_linear(h, _expert(down, e)))
+        outs.append(_swiglu(xs.narrow(0, start, count), gate, up, down, e))
     done = sum(o.shape[0] for o in outs)
     outs.append(x.new_zeros(n - done, hidden))  # the other devices' pairs
     y = torch.cat(outs, 0).index_select(0, place)  # back in pair order [n, hidden]
