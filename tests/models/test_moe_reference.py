@@ -7,6 +7,7 @@ the tensor-parallel group (whole experts per device), with pipeline stages."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,21 +40,22 @@ KINDS = ["mixtral", "qwen3_moe", "qwen3_moe_unnormed"]
 
 
 @functools.lru_cache(maxsize=None)
-def hf_moe(kind: str, seed: int = 0):
-    """A tiny random transformers ``kind`` model: Mixtral (4 experts of ffn 128, top 2) or
-    Qwen3-MoE (8 experts of ffn 64, top 2, head_dim 32; ``_unnormed``: norm_topk_prob False;
-    its dense intermediate_size is unused), with non-trivial norm
+def hf_moe(kind: str, seed: int = 0, layers: int = 2, kv_heads: int = 2):
+    """A tiny random transformers ``kind`` model of ``layers`` blocks and ``kv_heads`` KV heads (of 4 heads): Mixtral (4 experts of
+    ffn 128, top 2) or Qwen3-MoE (8 experts of ffn 64, top 2, head_dim 32; ``_unnormed``:
+    norm_topk_prob False; its dense intermediate_size is unused), with non-trivial norm
     weights, sharp attention and a sharp router."""
     import transformers
 
     torch.manual_seed(seed)
+    common = {**_COMMON, "num_hidden_layers": layers, "num_key_value_heads": kv_heads}
     if kind == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
-            intermediate_size=128, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6, **_COMMON))
+            intermediate_size=128, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6, **common))
     else:
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
             intermediate_size=96, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, head_dim=32,
-            norm_topk_prob=kind == "qwen3_moe", rope_theta=1e6, **_COMMON))
+            norm_topk_prob=kind == "qwen3_moe", rope_theta=1e6, **common))
     model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -125,10 +127,15 @@ def test_routing_chooses_transformers_experts(checkpoint, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("tp, pp, experts", [(1, 1, "ffn"), (2, 1, "ffn"), (2, 2, "ffn"), (2, 1, "experts"), (2, 2, "experts")])
-def test_logits_match_transformers(checkpoint, kind, tp, pp, experts):
-    ref = hf_moe(kind)
-    config, theta = load_hf_checkpoint(checkpoint(kind))
+@pytest.mark.parametrize("tp, pp, experts", [(1, 1, "ffn"), (2, 1, "ffn"), (2, 2, "ffn"), (2, 1, "experts"), (2, 2, "experts"), (4, 1, "experts")])
+def test_logits_match_transformers(checkpoint, tmp_path, kind, tp, pp, experts):
+    if tp == 4:  # attention split 4-way needs 4 KV heads (ep = tp: experts over the tensor-parallel group)
+        ref = hf_moe(kind, kv_heads=4)
+        ref.save_pretrained(tmp_path)
+        config, theta = load_hf_checkpoint(tmp_path)
+    else:
+        ref = hf_moe(kind)
+        config, theta = load_hf_checkpoint(checkpoint(kind))
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, pp), experts=experts)
     with ops.record_transfers() as log:
         got = model.prefill(TOKENS)
@@ -139,6 +146,35 @@ def test_logits_match_transformers(checkpoint, kind, tp, pp, experts):
     # the FFN, whether each expert is split (ffn) or the experts are (expert parallelism).
     inputs = 2 * (tp - 1) + (pp - 1) * tp
     assert len(log) == config.num_layers * 2 * all_reduce_transfers(tp) + (pp - 1) * tp + (tp - 1) + inputs
+
+
+DUALPIPEV = Path(__file__).resolve().parents[2] / "exports" / "placements" / "dualpipev-pp4-dp2.json"
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_dualpipev_over_moe_stages_matches_transformers(tmp_path, kind):
+    # Four MoE blocks in DualPipeV's four stages over two devices per path (stage s and 3 - s
+    # share one), two paths: each batch row is one microbatch on its own path.
+    ref = hf_moe(kind, layers=4)
+    ref.save_pretrained(tmp_path / "moe")
+    model = load_model(tmp_path / "moe", placement=DUALPIPEV)
+    with ops.record_transfers() as log:
+        got = model.prefill(TOKENS)
+    with torch.no_grad():
+        want = ref(TOKENS).logits
+    assert_logits_match(got, want)
+    # The experts add no transfer to the placement's: a dense model of the same layout moves
+    # as much.
+    import transformers
+
+    dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(intermediate_size=128, **{**_COMMON, "num_hidden_layers": 4}))
+    dense.save_pretrained(tmp_path / "dense")
+    with ops.record_transfers() as dense_log:
+        load_model(tmp_path / "dense", placement=DUALPIPEV).prefill(TOKENS)
+    assert len(log) == len(dense_log) > 0
+    with torch.no_grad():
+        want_ids = ref.generate(TOKENS[:, :6], max_new_tokens=4, do_sample=False)[:, 6:]
+    assert torch.equal(model.generate(TOKENS[:, :6], 4), want_ids)
 
 
 def test_experts_are_split_like_the_dense_ffn(checkpoint):
