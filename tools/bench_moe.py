@@ -1,11 +1,14 @@
 """Mixture-of-experts decode and prefill against their limits, side by side in one run.
 
-    python tools/bench_moe.py [--rounds 3] [--layers 4] [--steps 16] [--prompt 128] [--json FILE]
+    python tools/bench_moe.py [--dtypes float32,bfloat16,q8_0] [--rounds 3] [--layers 4] [--steps 16]
+                              [--prompt 128] [--json FILE]
 
-Three float32 checkpoints with random weights (transformers' classes, cached under
+Three checkpoints with random weights (transformers' classes, float32, cached under
 ``~/.cache/sharktank/moe``): a Mixtral-shaped model (8 experts, top 2), a Qwen3-MoE-shaped one
 (64 experts, top 8) and a dense Llama with the same total FFN bytes (ffn = E * expert ffn),
-each exported for the CPU (``prefill``, ``decode``) and timed in interleaved rounds:
+each exported for the CPU (``prefill``, ``decode``) in each of ``--dtypes`` (``float32``;
+``bfloat16``, the weights converted at export; ``q8_0``, a GGUF of Q8_0 weights and experts
+written by ``sharktank quantize``, routers and norms float32) and timed in interleaved rounds:
 
 - decode ms/token (batch 1) against the *active-bytes* limit: the weights a step reads
   (dense ones, the router, the LM head, and ``top_k / E`` of the experts) over this machine's
@@ -75,39 +78,61 @@ def checkpoint(name: str, layers: int) -> Path:
     return path
 
 
-def active_bytes(name: str, ckpt: Path) -> tuple[int, int]:
-    """(bytes a batch-1 decode step reads, total weight bytes): the embedding table counts one
-    row; stacked or per-expert tensors count ``top_k / E`` of their bytes."""
-    from safetensors import safe_open
+def active_bytes(name: str, ckpt: Path, dtype: torch.dtype | None) -> tuple[int, int]:
+    """(bytes a batch-1 decode step reads, total weight bytes) of the weights as exported
+    (``source`` in ``dtype``): the embedding table counts one row; stacked or per-expert
+    tensors count ``top_k / E`` of their bytes."""
+    from sharktank.models.loading import weight_source
+    from sharktank.types import QuantizedTensor
 
     _, experts, top_k, _ = SHAPES[name]
+    _, weights = weight_source(ckpt)
+    if dtype is not None:
+        weights = weights.to(dtype)
     active = total = 0
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(f, "pt") as st:
-            for key in st.keys():
-                shape = st.get_slice(key).get_shape()
-                n = 4
-                for d in shape:
-                    n *= d
-                total += n
-                if "embed_tokens" in key:
-                    active += n // shape[0]
-                elif ".experts." in key:
-                    active += n * top_k // experts
-                else:
-                    active += n
+    for key, t in weights.theta.items():
+        data = t.blocks if isinstance(t, QuantizedTensor) else t
+        n = data.numel() * data.element_size()
+        total += n
+        if "embed_tokens" in key:
+            active += n // t.shape[0]
+        elif ".experts." in key:
+            active += n * top_k // experts
+        else:
+            active += n
     return active, total
 
 
-def artifact(name: str, layers: int, max_seq_len: int) -> Path:
+DTYPES = ("float32", "bfloat16", "q8_0")
+
+
+def source(name: str, layers: int, kind: str) -> tuple[Path, torch.dtype | None]:
+    """The weights of ``name`` in ``kind`` (one of :data:`DTYPES`): a source and the dtype
+    its export converts to (a Q8_0 GGUF made once from the checkpoint)."""
+    ckpt = checkpoint(name, layers)
+    if kind == "q8_0":
+        gguf = ckpt.parent / f"{ckpt.name}-q8_0.gguf"
+        if not gguf.exists():
+            from sharktank.models import quantize_gguf
+            from sharktank.models.loading import weight_source
+
+            config, weights = weight_source(ckpt)
+            quantize_gguf(gguf, config, weights, to="q8_0")
+        return gguf, None
+    return ckpt, getattr(torch, kind)
+
+
+def artifact(name: str, layers: int, max_seq_len: int, kind: str) -> Path:
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
+    src, dtype = source(name, layers, kind)
     ckpt = checkpoint(name, layers)
-    out = ckpt.parent / f"{ckpt.name}-art{max_seq_len}"
+    out = ckpt.parent / f"{ckpt.name}-{kind}-art{max_seq_len}"
     if not (out / "manifest.json").exists():
-        print(f"exporting {name} ...", flush=True)
-        export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=max_seq_len, functions=("prefill", "decode"))
+        print(f"exporting {name} {kind} ...", flush=True)
+        export_artifact(load_model(src, deferred=True, dtype=dtype), out, source=str(src), max_seq_len=max_seq_len,
+                        functions=("prefill", "decode"))
     return out
 
 
@@ -148,36 +173,44 @@ def transfer_bytes(name: str, layers: int, ep: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {', '.join(DTYPES)} (default: all)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    kinds = [k for k in args.dtypes.split(",") if k]
+    if not kinds or any(k not in DTYPES for k in kinds):
+        p.error(f"--dtypes: expected some of {', '.join(DTYPES)}, found {args.dtypes!r}")
 
     from sharktank.runtime import CompiledModel
 
     max_seq_len = max(256, args.prompt + 8)
-    models = {n: CompiledModel(artifact(n, args.layers, max_seq_len)) for n in SHAPES}
+    keys = [(n, k) for k in kinds for n in SHAPES]
+    models = {key: CompiledModel(artifact(key[0], args.layers, max_seq_len, key[1])) for key in keys}
     prompt = torch.randint(0, VOCAB, (1, args.prompt), generator=torch.Generator().manual_seed(1))
-    runs: dict[str, list[dict]] = {n: [] for n in SHAPES}
+    runs: dict[tuple[str, str], list[dict]] = {key: [] for key in keys}
     bandwidth = []
     for r in range(args.rounds):
         bandwidth.append(read_bandwidth_gbs(rounds=3)["median"])
-        for n, m in models.items():
-            runs[n].append(_times(m, prompt, args.steps))
-            print(f"round {r + 1}/{args.rounds} {n}: decode {runs[n][-1]['decode_ms']:.2f} ms, prefill {runs[n][-1]['prefill_ms']:.0f} ms", flush=True)
+        for key, m in models.items():
+            runs[key].append(_times(m, prompt, args.steps))
+            print(f"round {r + 1}/{args.rounds} {key[0]} {key[1]}: decode {runs[key][-1]['decode_ms']:.2f} ms, "
+                  f"prefill {runs[key][-1]['prefill_ms']:.0f} ms", flush=True)
     gbs = statistics.median(bandwidth)
     rows = {}
-    dense = statistics.median(x["decode_ms"] for x in runs["dense_same_bytes"])
-    dense_prefill = statistics.median(x["prefill_ms"] for x in runs["dense_same_bytes"])
-    for n in SHAPES:
-        act, total = active_bytes(n, checkpoint(n, args.layers))
-        dec = [x["decode_ms"] for x in runs[n]]
-        pre = [x["prefill_ms"] for x in runs[n]]
+    for n, k in keys:
+        dense = statistics.median(x["decode_ms"] for x in runs["dense_same_bytes", k])
+        dense_prefill = statistics.median(x["prefill_ms"] for x in runs["dense_same_bytes", k])
+        src, dtype = source(n, args.layers, k)
+        act, total = active_bytes(n, src, dtype)
+        dec = [x["decode_ms"] for x in runs[n, k]]
+        pre = [x["prefill_ms"] for x in runs[n, k]]
         limit = act / (gbs * 1e9) * 1e3
         _, experts, top_k, _ = SHAPES[n]
-        rows[n] = {
+        rows[f"{n} {k}"] = {
+            "model": n, "weights": k,
             "decode_ms": statistics.median(dec), "decode_range": [min(dec), max(dec)], "prefill_ms": statistics.median(pre),
             "prefill_range": [min(pre), max(pre)], "active_bytes": act, "total_bytes": total, "active_limit_ms": limit,
             "decode_vs_limit": statistics.median(dec) / limit, "dense_over_this_decode": dense / statistics.median(dec),
@@ -185,19 +218,21 @@ def main(argv: list[str] | None = None) -> int:
             "dense_over_this_prefill": dense_prefill / statistics.median(pre),
         }
     moves = [transfer_bytes("mixtral_8x2", args.layers, ep) for ep in (1, 2, 4)]
-    print(f"\nread bandwidth {gbs:.1f} GB/s; float32, {args.layers} layers, hidden {HIDDEN}, {args.rounds} interleaved rounds (median)")
-    print("| model | decode ms | active-bytes limit ms | ratio (target <= 1.3) | dense decode / this (target) | prefill ms | dense prefill / this |")
-    print("|---|---|---|---|---|---|---|")
-    for n, x in rows.items():
+    print(f"\nread bandwidth {gbs:.1f} GB/s; {args.layers} layers, hidden {HIDDEN}, {args.rounds} interleaved rounds (median)")
+    print("| model | weights | decode ms | active-bytes limit ms | ratio (target <= 1.3) | dense decode / this (target) | prefill ms | dense prefill / this |")
+    print("|---|---|---|---|---|---|---|---|")
+    for x in rows.values():
         t = f"{x['target_dense_over_this']:.1f}" if x["target_dense_over_this"] else "-"
-        print(f"| {n} | {x['decode_ms']:.2f} ({x['decode_range'][0]:.2f}-{x['decode_range'][1]:.2f}) | {x['active_limit_ms']:.2f} | "
-              f"{x['decode_vs_limit']:.2f} | {x['dense_over_this_decode']:.2f} ({t}) | {x['prefill_ms']:.0f} | {x['dense_over_this_prefill']:.2f} |")
+        print(f"| {x['model']} | {x['weights']} | {x['decode_ms']:.2f} ({x['decode_range'][0]:.2f}-{x['decode_range'][1]:.2f}) | "
+              f"{x['active_limit_ms']:.2f} | {x['decode_vs_limit']:.2f} | {x['dense_over_this_decode']:.2f} ({t}) | "
+              f"{x['prefill_ms']:.0f} | {x['dense_over_this_prefill']:.2f} |")
     print("\n| ep | transfers per decode step | bytes per token | ring all-reduce bytes per token |")
     print("|---|---|---|---|")
     for m in moves:
         print(f"| {m['ep']} | {m['transfers']} | {m['bytes_per_token']:.0f} | {m['ring_all_reduce_bytes_per_token']:.0f} |")
     if args.json:
-        args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "rows": rows, "transfers": moves, "runs": runs}, indent=1))
+        args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "rows": rows, "transfers": moves,
+                                         "runs": {f"{n} {k}": v for (n, k), v in runs.items()}}, indent=1))
     return 0
 
 

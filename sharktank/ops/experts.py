@@ -41,7 +41,7 @@ from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimi
 from ._build import ShardingError, replicated_of, unreduced_of
 from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
-from .matrix import _f_linear, matmul
+from .matrix import _f_linear, expert_kernel_product, matmul
 
 __all__ = ["expert_ffn"]
 
@@ -69,6 +69,25 @@ def _swiglu(x: torch.Tensor, gate, up, down, e) -> torch.Tensor:
     """Expert ``e``'s SwiGLU FFN of the rows ``x`` (``e`` an int or a traced symbol)."""
     h = F.silu(_f_linear(x, _expert(gate, e))) * _f_linear(x, _expert(up, e))
     return _f_linear(h, _expert(down, e))
+
+
+def _pair_ffn(x: torch.Tensor, gate, up, down, index: torch.Tensor, local: int) -> torch.Tensor:
+    """The SwiGLU FFN of the rows ``x`` by the expert ``index`` (an int64 0-d tensor in 0 ..
+    local - 1) of the stacked weights: each product reads that expert's weight in place, in
+    the CPU kernels' form for stacked experts where they take it (no copy of the weight), else
+    as a slice at the index (``Tensor.item``)."""
+    at = None
+
+    def product(h: torch.Tensor, w) -> torch.Tensor:
+        nonlocal at
+        y = expert_kernel_product(h, w, index)
+        if y is None:
+            if at is None:
+                at = _run(index, local - 1)
+            y = _f_linear(h, _expert(w, at))
+        return y
+
+    return product(F.silu(product(x, gate)) * product(x, up), down)
 
 
 def _run(n: torch.Tensor, limit) -> int:
@@ -109,11 +128,13 @@ def _local(experts: torch.Tensor, weights: torch.Tensor, first: int, local: int)
 
 
 def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:
-    """One product per pair with its expert's weights read in place: the expert index is
-    data (``Tensor.item``), each weight a slice at that offset, so no weight is copied (a
-    gather of the chosen experts' weights copied them first: 7.6 against 5.0 ms for a
-    Mixtral-shaped layer's two float32 experts here), and the slice is a 2-D weight the CPU
-    kernels take."""
+    """One product per pair with its expert's weights read in place (:func:`_pair_ffn`): the
+    expert index is data, passed to the CPU kernels' form for stacked experts, or (other
+    weights and targets) the offset of a slice (``Tensor.item``). A gather of the chosen
+    experts' weights copied them first (7.6 against 5.0 ms for a Mixtral-shaped layer's two
+    float32 experts here); so does IREE for a slice at a data offset that a dispatch takes as
+    an operand (a copy dispatch of the slice, then the product), which the stacked form
+    avoids."""
     rows, hidden = x.shape
     k = experts.shape[-1]
     local = gate.shape[0]
@@ -124,7 +145,7 @@ def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tenso
         xt = x.narrow(0, t, 1)
         y = 0
         for j in range(k):
-            y = y + _swiglu(xt, gate, up, down, _run(e[t, j], local - 1)) * w[t, j]
+            y = y + _pair_ffn(xt, gate, up, down, e[t, j], local) * w[t, j]
         out.append(y)
     return torch.cat(out, 0)
 

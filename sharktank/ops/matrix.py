@@ -204,6 +204,17 @@ def _kernel_product(x: torch.Tensor, w) -> torch.Tensor | None:
     return y
 
 
+def expert_kernel_product(x: torch.Tensor, stacked, expert: torch.Tensor) -> torch.Tensor | None:
+    """``x @ stacked[expert].T`` for a mixture of experts' stacked weights ``[E, N, K]`` and an
+    int64 index of one (in range), where it is traced and the active block kernel has a form
+    that reads that expert's weight in place (``kernel.expert``); None otherwise (the caller
+    slices the expert's weight)."""
+    form = getattr(_BLOCK_KERNEL.get(), "expert", None)
+    if form is None or not _tracing_tensor(x):
+        return None
+    return form(x, stacked, expert)
+
+
 @matmul.register(torch.Tensor, torch.Tensor)
 def _matmul_torch(lhs, rhs, *, transpose_rhs=False):
     y = _kernel_product(lhs, rhs) if transpose_rhs else None

@@ -48,6 +48,24 @@ def _names_are_generated(text: str) -> None:
     assert all(re.fullmatch(r"%[A-Za-z_]\w*_\d+", n) for n in names), [n for n in names if not re.fullmatch(r"%[A-Za-z_]\w*_\d+", n)][:5]
 
 
+@pytest.mark.parametrize("layout", list(KERNELS))
+def test_the_stacked_experts_form_parses_and_reads_its_expert_in_place(context, layout):
+    # A mixture of experts' decode product: every expert's weight and the chosen one's index;
+    # the dispatch views that expert's weight (a subview of the stacked binding) and reads it
+    # as the one-weight form reads its weight.
+    kernel = KERNELS[layout]
+    for elem in kernel.elements:
+        for m in (1, 3):
+            text = module_asm(kernel, m, N, _k(layout), elem, experts=8)
+            _names_are_generated(text)
+            _parse(context, text)
+            assert f"func.func @{kernel.function_name(m, N, _k(layout), elem, experts=8)}(" in text
+            assert text.count("memref.subview") == 1 and "tensor<1xi64>" in text
+            one = module_asm(kernel, m, N, _k(layout), elem)
+            # The loop over the blocks is the one-weight form's, with the subview for its weight.
+            assert one.count("vector.load") == text.count("vector.load")
+
+
 @pytest.mark.parametrize("layout, elem, m, at_once", MATRIX, ids=[f"{lay}-{e}-m{m}-r{r}" for lay, e, m, r in MATRIX])
 def test_block_product_parses(context, layout, elem, m, at_once):
     kernel = dataclasses.replace(KERNELS[layout], rows_at_once=at_once)
@@ -124,9 +142,10 @@ def test_the_emitter_checks_types_and_yields():
 
 
 def test_the_registry_is_the_one_source():
-    assert LAYOUTS == tuple(name for name in KERNELS if name not in ("F16", "BF16"))
+    assert LAYOUTS == tuple(name for name in KERNELS if name not in ("F16", "BF16", "F32"))
     assert KERNELS["F16"].plain and KERNELS["F16"].weight_shape(N, 64) == (N, 64)
     assert KERNELS["BF16"].plain and KERNELS["BF16"].weight == "bf16"
+    assert KERNELS["F32"].plain and KERNELS["F32"].weight == "f32" and KERNELS["F32"].prefill is None
     for name, kernel in KERNELS.items():
         assert kernel.name == name.lower()
         if not kernel.plain:

@@ -25,7 +25,7 @@ import torch
 from quantized_models import signed_blocks
 from sharktank.export import compile_mlir, export_function
 from sharktank.export.compile import QUANTIZED_FLAGS
-from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, block_product, CpuKernels, kernels_in, prefill_product, prefill_weights
+from sharktank.export.kernels import BF16_DOT, KERNELS, BlockProducts, block_product, CpuKernels, kernel_of, kernels_in, prefill_product, prefill_weights
 from sharktank.export.kernels import isa, prefill
 from sharktank.export.kernels.custom_op import PREFILLS
 from sharktank.export.kernels.registry import PREFILLS as PREFILL_WEIGHTS
@@ -84,7 +84,10 @@ def _dense(w) -> torch.Tensor:
 
 def test_every_kernel_layout_and_float16_have_a_prefill_kernel():
     assert "F16" in KERNELS and "BF16" in KERNELS
-    assert PREFILL_LAYOUTS == sorted(KERNELS), "a layout with a decode kernel and no prefill kernel keeps prompts on the dense product"
+    # F32 is a decode kernel for stacked float32 experts only: a prompt's float32 products
+    # (grouped experts included) are IREE's packed ones, and no dense product takes it.
+    assert PREFILL_LAYOUTS == sorted(set(KERNELS) - {"F32"}), "a layout with a decode kernel and no prefill kernel keeps prompts on the dense product"
+    assert kernel_of(torch.zeros(64, 64)) is None and kernel_of(torch.zeros(2, 64, 64), stacked=True)[0] is KERNELS["F32"]
 
 
 def test_float16_weights_are_passed_as_they_are():

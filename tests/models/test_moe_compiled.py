@@ -1,6 +1,7 @@
 """A Mixtral checkpoint exported, compiled for the CPU and run: its logits and greedy ids equal
-the eager model's, its decode program gathers only the routed experts and its prefill
-runs each expert over only its own tokens (read in the IR)."""
+the eager model's, its decode program reads only the routed experts (in place, through the
+CPU kernels' stacked form) and its prefill runs each expert over only its own tokens (read in
+the IR)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,16 @@ def test_compiled_mixtral_equals_eager(tmp_path):
     export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32, functions=("prefill", "decode"))
     mlir = (out / "model.mlir").read_text()
     # Decode (one token, k=2 of E=4) reads the two chosen experts of every stacked weight in
-    # place (a slice at a data offset, no gather); prefill groups the tokens by expert: each
-    # expert runs over its own run of tokens (a narrow of data-dependent size per expert and
-    # block), and no product spans all experts.
+    # place: the float32 kernel's stacked form takes every expert's weight and the chosen
+    # one's index (no slice, no gather, no index read back); prefill groups the tokens by
+    # expert: each expert runs over its own run of tokens (a narrow of data-dependent size per
+    # expert and block), and no product spans all experts.
     decode, prefill = _function(mlir, "decode_bs1"), _function(mlir, "prefill_bs1")
-    expert_slice = re.compile(r"torch\.aten\.narrow %\S+, %int0\S*, %\S+, %int1\S* : !torch\.vtensor<\[4,\d+,\d+\],f32>")
-    assert len(expert_slice.findall(decode)) == 3 * 2 * 2  # gate, up and down of both pairs, both blocks
+    calls = re.findall(r"util\.call @(sharktank_f32_product_e4_\w+)\(", decode)
+    assert len(calls) == 3 * 2 * 2  # gate, up and down of both pairs, both blocks
+    assert set(calls) == {"sharktank_f32_product_e4_1x128x64_f32", "sharktank_f32_product_e4_1x64x128_f32"}
+    assert not re.search(r"torch\.aten\.narrow %\S+, %int0\S*, %\S+, %int1\S* : !torch\.vtensor<\[4,", decode)
+    assert "torch.aten.item" not in decode
     assert not re.search(r"index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[4,", decode + prefill)
     runs = re.compile(r"torch\.aten\.narrow %\S+, %\S+, %\S+, %\S+ : !torch\.vtensor<\[\?,\d+\],f32>")
     assert len(runs.findall(prefill)) == 2 * 4

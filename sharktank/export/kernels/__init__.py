@@ -60,39 +60,46 @@ def kernels_for(target: str, target_arch: str | None, *, exact_prompts: bool = F
     return None
 
 
-def kernel_of(w: torch.Tensor) -> tuple[BlockKernel, torch.Tensor] | None:
+def kernel_of(w: torch.Tensor, stacked: bool = False) -> tuple[BlockKernel, torch.Tensor] | None:
     """The kernel of ``w`` and the weight operand it takes, or None: a quantized weight of a
     layout in :data:`.registry.KERNELS` (its blocks as int8), or a plain 2-D float16 weight
     whose K divides into blocks (``F16``, :mod:`.f16`: the weight itself), or bfloat16 on a CPU
-    without AVX512-BF16 (``BF16``, :mod:`.bf16`)."""
+    without AVX512-BF16 (``BF16``, :mod:`.bf16`). ``stacked``: ``w`` is a mixture of experts'
+    stacked weights ``[E, N, K]`` (the operand: every expert's), quantized or plain of any
+    float type (float32: ``F32``, :mod:`.f32`)."""
+    ndim = 3 if stacked else 2
     if isinstance(w, QuantizedTensor):
         kernel = KERNELS.get(w.layout.name)
-        return None if kernel is None else (kernel, w.blocks.view(torch.int8))
+        return None if kernel is None or len(w.shape) != ndim else (kernel, w.blocks.view(torch.int8))
     # Plain float16 weights always (no CPU here computes in float16), bfloat16 ones where the
-    # CPU has no bfloat16 arithmetic (:mod:`.bf16`).
+    # CPU has no bfloat16 arithmetic (:mod:`.bf16`); stacked experts of every float type (IREE
+    # copies an expert's slice before its own product reads it: :mod:`.f32`).
     if w.dtype == torch.float16:
         kernel = KERNELS["F16"]
-    elif w.dtype == torch.bfloat16 and isa.current().bf16_dot != "avx512_bf16":
+    elif w.dtype == torch.bfloat16 and (stacked or isa.current().bf16_dot != "avx512_bf16"):
         kernel = KERNELS["BF16"]
+    elif w.dtype == torch.float32 and stacked:
+        kernel = KERNELS["F32"]
     else:
         return None
-    return (kernel, w) if w.ndim == 2 and w.shape[1] % kernel.block_size == 0 else None
+    return (kernel, w) if w.ndim == ndim and w.shape[-1] % kernel.block_size == 0 else None
 
 
-def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None) -> torch.Tensor | None:
+def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None, expert: torch.Tensor | None = None) -> torch.Tensor | None:
     """``x @ w.T`` (``x`` ``[..., K]``, ``w`` ``[N, K]`` quantized or plain float16) as a kernel
     call, or None where there is no kernel for ``w`` (:func:`kernel_of`), ``x``'s dtype or the
     shape (a generator refuses one whose scratch would not fit a dispatch's stack), or the
     host CPU lacks the instructions a kernel needs (:data:`INTEGER_DOT`, :mod:`.isa`). ``rounded``: where
     given, x's int16 rounding per (x, layout), made once and shared by the products that take
-    the same x."""
-    from .custom_op import ELEMENT_TYPES, PRODUCTS, ROUNDINGS
+    the same x. ``expert`` (an int64 index ``[1]``, in range): ``w`` is stacked experts ``[E,
+    N, K]`` and the product takes expert ``expert[0]``'s weight, read in place by the kernel."""
+    from .custom_op import ELEMENT_TYPES, EXPERT_PRODUCTS, PRODUCTS, ROUNDINGS
 
-    found = kernel_of(w)
+    found = kernel_of(w, stacked=expert is not None)
     if found is None or x.dtype not in ELEMENT_TYPES:
         return None
     kernel, operand = found
-    n, k = w.shape
+    n, k = w.shape[-2:]
     x2 = x.reshape(-1, k)
     integer = kernel.int16_x
     if integer and isa.current().int8_dot is None:
@@ -103,6 +110,12 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None)
     if kernel.refusal(x2.shape[0], n, k, "i16" if integer else "f32", out) is not None:
         return None
     name = kernel.layout_name
+
+    def product(*xs: torch.Tensor) -> torch.Tensor:
+        if expert is None:
+            return PRODUCTS[name](*xs, operand, out)
+        return EXPERT_PRODUCTS[name](*xs, expert.reshape(1).to(torch.int64), operand, out)
+
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
         if rounded is None:
             x16 = ROUNDINGS[name](x2)
@@ -111,12 +124,12 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None)
             if key not in rounded:
                 rounded[key] = (x, ROUNDINGS[name](x2))  # holds x, so that its id stays its own
             x16 = rounded[key][1]
-        y = PRODUCTS[name](*x16, operand, out)
+        y = product(*x16)
     else:
         # float32 x: LLVM widens bfloat16 lanes one at a time, and each weight row reads x
         # again (an 8192x2048 Q8_0 product: 1.0 ms with bfloat16 x, 0.55-0.6 ms with float32
         # x). The conversion is elementwise on x, which IREE fuses into its producer.
-        y = PRODUCTS[name](x2.float(), operand, out)
+        y = product(x2.float())
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -253,6 +266,15 @@ class BlockProducts:
         if self._exact_prompts and x.dtype != torch.bfloat16:
             return None
         return prefill_product(x, w)
+
+    def expert(self, x: torch.Tensor, w: torch.Tensor, expert: torch.Tensor) -> torch.Tensor | None:
+        """``x @ w[expert].T`` for stacked experts ``w`` ``[E, N, K]`` and an int64 index (in
+        range) of one, with that expert's weight read in place: :func:`block_product` for a
+        static number of rows up to :data:`DECODE_ROWS`, else None."""
+        rows = _static_rows(x)
+        if rows is None or rows > DECODE_ROWS:
+            return None
+        return block_product(x, w, self._rounded, expert=expert)
 
 
 def kernels_in(mlir: str) -> list[str]:

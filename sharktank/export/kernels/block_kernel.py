@@ -191,10 +191,12 @@ class BlockKernel:
         """What every function name of this kernel starts with."""
         return f"sharktank_{self.name}_product_"
 
-    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
-        """``y``: the result's element type where it is not the default (:func:`result_type`)."""
+    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0) -> str:
+        """``y``: the result's element type where it is not the default (:func:`result_type`);
+        ``experts``: the number of stacked experts the weight operand holds (0: one weight)."""
         suffix = "" if y in (None, result_type(elem)) else f"_to_{y}"
-        return f"{self.function_prefix}{m}x{n}x{k}_{elem}{suffix}"
+        stacked = f"e{experts}_" if experts else ""
+        return f"{self.function_prefix}{stacked}{m}x{n}x{k}_{elem}{suffix}"
 
     def rows_together(self, m: int, k: int, elem: str) -> int:
         """Weight rows whose block loops go side by side for x ``[m, k]`` of ``elem``."""

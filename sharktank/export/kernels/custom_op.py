@@ -22,7 +22,7 @@ from .prefill import PrefillWeights
 from .registry import KERNELS
 from .registry import PREFILLS as PREFILL_WEIGHTS
 
-__all__ = ["DTYPES", "ELEMENT_TYPES", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
+__all__ = ["DTYPES", "ELEMENT_TYPES", "EXPERT_PRODUCTS", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
@@ -112,6 +112,64 @@ class _Int16BlockProduct(_BlockProduct):
         return self._product(int16_x.dequantized(x, scales, self.kernel.int16.order, self.kernel.int16.unit), blocks).to(DTYPES[y])
 
 
+class _ExpertProduct(_BlockProduct):
+    """:class:`_BlockProduct` with the weight of expert ``expert[0]`` (int64 [1], in range) of
+    the stacked ``blocks`` [E, ...], read in place (:func:`.product_dispatch.module_asm`'s
+    ``experts``)."""
+
+    def _check_expert(self, x, expert, blocks) -> None:
+        kern = self.kernel
+        shape = tuple(blocks.t.shape)
+        torch._check(
+            x.t.ndim == 2 and expert.t.dtype == torch.int64 and list(expert.t.shape) == [1] and len(shape) >= 3
+            and shape[1:] == kern.weight_shape(shape[1], x.t.shape[1] // (2 if kern.int16_x else 1))
+            and (not kern.plain or blocks.t.dtype == DTYPES[kern.weight]),
+            lambda: f"{kern.layout_name} expert kernel: expected x [M, K], an int64 expert index [1] and stacked experts "
+            f"{f'[E, N, K/{kern.block_size}, {kern.block_bytes}]' if not kern.plain else f'[E, N, K] ({kern.weight})'}, "
+            f"found {list(x.t.shape)}, {list(expert.t.shape)} ({expert.t.dtype}) and {list(shape)} ({blocks.t.dtype})",
+        )
+
+    def select(self, ksel: KernelSelection):
+        x, expert, blocks = (ksel.arg_tensor(i) for i in range(3))
+        self._check_expert(x, expert, blocks)
+        for arg in (x, expert, blocks):
+            arg.specialize_all_dims()
+        self._result(ksel, x.t.shape[0], blocks.t.shape[1], 3)
+
+    def eager_execute(self, x, expert, blocks, y):
+        return self._product(x, blocks[expert[0]]).to(DTYPES[y])
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        x, blocks, y = ksel.arg_descs[0].t, ksel.arg_descs[-2].t, ksel.arg_descs[-1].v
+        m, k, experts, n = x.shape[0], x.shape[1], blocks.shape[0], blocks.shape[1]
+        elem, k = ("i16", k // 2) if self.kernel.int16_x else (ELEMENT_TYPES[x.dtype], k)
+        args = dict(kernel=self.kernel, m=m, n=n, k=k, elem=elem, y=y, experts=experts)
+        _call(kb, self.kernel.function_name(m, n, k, elem, y, experts), product_dispatch.module_asm, **args)
+
+
+class _Int16ExpertProduct(_ExpertProduct):
+    """:class:`_Int16BlockProduct` with the weight of expert ``expert[0]`` of the stacked
+    ``blocks`` [E, N, K/block_size, block_bytes], read in place."""
+
+    def select(self, ksel: KernelSelection):
+        x, scales, sums, expert, blocks = (ksel.arg_tensor(i) for i in range(5))
+        self._check_expert(x, expert, blocks)
+        kern, per = self.kernel, self.kernel.sum_group
+        torch._check(
+            x.t.dtype == torch.int8 and list(scales.t.shape) == [x.t.shape[0], x.t.shape[1] // (2 * GROUP)]
+            and list(sums.t.shape) == [x.t.shape[0], x.t.shape[1] // (2 * per)],
+            lambda: f"{kern.layout_name} expert kernel: expected int8 planes [M, 2K], scales [M, K/{GROUP}] and sums [M, K/{per}], "
+            f"found {list(x.t.shape)} ({x.t.dtype}), {list(scales.t.shape)} and {list(sums.t.shape)}",
+        )
+        for arg in (x, scales, sums, expert, blocks):
+            arg.specialize_all_dims()
+        self._result(ksel, x.t.shape[0], blocks.t.shape[1], 5)
+
+    def eager_execute(self, x, scales, sums, expert, blocks, y):
+        x = int16_x.dequantized(x, scales, self.kernel.int16.order, self.kernel.int16.unit)
+        return self._product(x, blocks[expert[0]]).to(DTYPES[y])
+
+
 class _PrefillProduct(CustomOp):
     """A prompt's product (:mod:`.prefill`): bfloat16 ``x`` [M, K] times the weight read as
     ``weights`` from its blocks [N, K/block_size, block_bytes] (int8; a plain weight: itself,
@@ -181,10 +239,20 @@ def _product_op(kernel: BlockKernel):
     return _register(_BlockProduct, f"sharktank_{kernel.name}_product", "Tensor x, Tensor blocks, str y", "(Tensor)", kernel)
 
 
+def _expert_product_op(kernel: BlockKernel):
+    name = f"sharktank_{kernel.name}_expert_product"
+    if kernel.int16_x:
+        return _register(_Int16ExpertProduct, name, "Tensor x, Tensor scales, Tensor sums, Tensor expert, Tensor blocks, str y", "(Tensor)", kernel)
+    return _register(_ExpertProduct, name, "Tensor x, Tensor expert, Tensor blocks, str y", "(Tensor)", kernel)
+
+
 # The op of each layout with a kernel: ``op(x, blocks.view(torch.int8), y)``, or for a layout
 # whose kernel takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
 # ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {layout: _product_op(kernel) for layout, kernel in KERNELS.items()}
+# The same with one expert of stacked weights: ``op(x, expert, stacked, y)`` (int16 x:
+# ``op(*rounding, expert, stacked, y)``), ``expert`` an int64 [1] index into ``stacked`` [E, ...].
+EXPERT_PRODUCTS = {layout: _expert_product_op(kernel) for layout, kernel in KERNELS.items()}
 PREFILLS = {  # the prompt products: op(x in bfloat16, blocks [N, K/bs, bb] int8 or a plain weight), by registry.PREFILLS's keys
     what: CustomOp.register()(
         type(f"sharktank_{weights.name}_prefill", (_PrefillProduct,), {

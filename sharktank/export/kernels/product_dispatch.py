@@ -29,7 +29,7 @@ import functools
 
 from . import isa
 from .block_kernel import ELEMENT_BYTES, GROUP, X_CHUNK_BYTES, BlockKernel, result_type
-from .frame import Operand, executable
+from .frame import Operand, executable, memref_type
 from .mlir import Emitter, Value, elem_of, lanes_of, vector
 
 __all__ = ["Block", "module_asm"]
@@ -164,34 +164,58 @@ class Block:
         self.fma(i, dot, self.e.shuffle(scales, scales, picks, "sv"), slot)
 
 
-def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str) -> tuple[list[Operand], Operand]:
+def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str, experts: int = 0) -> tuple[list[Operand], Operand]:
     x = Operand("x", (m, 2 * k), "i8") if elem == "i16" else Operand("x", (m, k), elem)  # int16 x: its two int8 planes
     groups = [Operand("xd", (m, k // GROUP), "f32"), Operand("xs", (m, k // kernel.sum_group), "f32")] if elem == "i16" else []
-    return [x, *groups, Operand("w", kernel.weight_shape(n, k), kernel.weight)], Operand("y", (m, n), y)
+    if experts:  # the stacked experts' weights and the index of the one to read
+        weights = [Operand("ei", (1,), "i64"), Operand("we", (experts, *kernel.weight_shape(n, k)), kernel.weight)]
+    else:
+        weights = [Operand("w", kernel.weight_shape(n, k), kernel.weight)]
+    return [x, *groups, *weights], Operand("y", (m, n), y)
 
 
 # Cached: the custom op builds a shape's module once per trace that takes it.
 @isa.cached
-def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None) -> str:
+def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x y>`` and its dispatch.
     With ``elem`` "i16" the function takes ``(planes: tensor<m x 2k x i8>, scales: tensor<m x
     k/GROUP x f32>, sums: tensor<m x k/sum_group x f32>, blocks)``. ``y``: the result's element
     type (f32, bf16 or f16; by default :func:`result_type`): the sums are float32 and rounded
     once to it as they are stored, so that a half-precision model needs no conversion
-    dispatch after each product. ValueError where the kernel refuses the shape."""
+    dispatch after each product. ValueError where the kernel refuses the shape.
+
+    ``experts`` > 0: the weight operand is replaced by two, ``expert: tensor<1 x i64>`` and
+    the stacked weights of that many experts (``tensor<experts x ...>``, each one ``blocks``'
+    shape), and the dispatch reads expert ``expert[0]``'s weight in place (a subview at that
+    offset, which the caller keeps in range). A slice at a data offset passed to the plain
+    form was copied into a buffer of its own first (IREE's ``slow_memcpy`` dispatch): a
+    decode step's expert read its weight three times (read, write, read)."""
     y = result_type(elem) if y is None else y
     refusal = kernel.refusal(m, n, k, elem, y)
     if refusal:
         raise ValueError(refusal)
-    inputs, output = _operands(kernel, m, n, k, elem, y)
+    inputs, output = _operands(kernel, m, n, k, elem, y, experts)
     tile = kernel.rows_per_workgroup
     body = functools.partial(_dispatch, kernel, m, n, k, elem, [op.hint for op in inputs])
-    return executable(kernel.function_name(m, n, k, elem, y), -(-n // tile), inputs, [output], body)
+    return executable(kernel.function_name(m, n, k, elem, y, experts), -(-n // tile), inputs, [output], body)
+
+
+def _expert_weight(e: Emitter, kernel: BlockKernel, n: int, k: int, index: Value, stacked: Value) -> Value:
+    """The weight of expert ``index[0]`` of ``stacked``, a rank-reduced subview in place."""
+    shape = kernel.weight_shape(n, k)
+    at = e.cast("arith.index_cast", e.load_scalar(index, [e.const(0)], "ei"), "index", "ei")
+    zeros = ", ".join(["0"] * len(shape))
+    sizes = ", ".join(map(str, (1, *shape)))
+    ones = ", ".join(["1"] * (len(shape) + 1))
+    one = memref_type(shape, kernel.weight)
+    return e.assign("w", f"memref.subview {stacked}[{at}, {zeros}] [{sizes}] [{ones}] : {stacked.type} to {one}", one)
 
 
 def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: list[str], e: Emitter, wg: Value, views: list[Value]) -> None:
     operands = dict(zip([*names, "y"], views))
+    if "we" in operands:
+        operands["w"] = _expert_weight(e, kernel, n, k, operands.pop("ei"), operands.pop("we"))
     t, nb, slots = kernel.rows_per_workgroup, k // kernel.block_size, len(kernel.accumulators)
     together = kernel.rows_together(m, k, elem)
     c = e.const
