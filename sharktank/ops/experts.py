@@ -41,7 +41,7 @@ from ..types import QuantizedTensor, ReplicatedTensor, ShardedTensor, SplitPrimi
 from ._build import ShardingError, replicated_of, unreduced_of
 from ._dispatch import sharded_op
 from ._transfer import _tracing_tensor
-from .matrix import _f_linear, expert_kernel_product, matmul
+from .matrix import _f_linear, expert_kernel_product
 
 __all__ = ["expert_ffn"]
 
@@ -71,16 +71,20 @@ def _swiglu(x: torch.Tensor, gate, up, down, e) -> torch.Tensor:
     return _f_linear(h, _expert(down, e))
 
 
-def _pair_ffn(x: torch.Tensor, gate, up, down, index: torch.Tensor, local: int) -> torch.Tensor:
-    """The SwiGLU FFN of the rows ``x`` by the expert ``index`` (an int64 0-d tensor in 0 ..
-    local - 1) of the stacked weights: each product reads that expert's weight in place, in
-    the CPU kernels' form for stacked experts where they take it (no copy of the weight), else
-    as a slice at the index (``Tensor.item``)."""
-    at = None
+def _pair_ffn(x: torch.Tensor, gate, up, down, index: "torch.Tensor | int", local: int) -> torch.Tensor:
+    """The SwiGLU FFN of the rows ``x`` by the expert ``index`` (an int, or an int64 0-d
+    tensor in 0 .. local - 1) of the stacked weights: each product reads that expert's weight
+    in place, in the CPU kernels' form for stacked experts where they take it (no copy of the
+    weight, no dequantized copy of quantized blocks), else as a slice at the index (a tensor
+    index read with ``Tensor.item``)."""
+    at = index if isinstance(index, int) else None
+    # A factory op, not torch.tensor: torch.export lifts a tensor made from data into a
+    # constant copied with an in-place detach_, which iree-turbine leaves as a torch.operator.
+    which = torch.full((1,), index, dtype=torch.int64, device=x.device) if isinstance(index, int) else index
 
     def product(h: torch.Tensor, w) -> torch.Tensor:
         nonlocal at
-        y = expert_kernel_product(h, w, index)
+        y = expert_kernel_product(h, w, which)
         if y is None:
             if at is None:
                 at = _run(index, local - 1)
@@ -128,18 +132,21 @@ def _local(experts: torch.Tensor, weights: torch.Tensor, first: int, local: int)
 
 
 def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:
-    """One product per pair with its expert's weights read in place (:func:`_pair_ffn`): the
-    expert index is data, passed to the CPU kernels' form for stacked experts, or (other
-    weights and targets) the offset of a slice (``Tensor.item``). A gather of the chosen
-    experts' weights copied them first (7.6 against 5.0 ms for a Mixtral-shaped layer's two
-    float32 experts here); so does IREE for a slice at a data offset that a dispatch takes as
-    an operand (a copy dispatch of the slice, then the product), which the stacked form
-    avoids."""
+    """One product per pair with its expert's weights read in place. Where the CPU kernels
+    take the weights, each of gate, up and down is one call over every pair (:func:`_pairs`);
+    else each pair's expert is sliced at its index (:func:`_pair_ffn`, ``Tensor.item``). A
+    gather of the chosen experts' weights copied them first (7.6 against 5.0 ms for a
+    Mixtral-shaped layer's two float32 experts here); so does IREE for a slice at a data
+    offset that a dispatch takes as an operand (a copy dispatch of the slice, then the
+    product), which the kernels' stacked form avoids."""
     rows, hidden = x.shape
     k = experts.shape[-1]
     local = gate.shape[0]
     e, w = _local(experts, weights, first, local)
     w = w.to(x.dtype)
+    y = _pairs(x.repeat_interleave(k, 0), gate, up, down, e.reshape(-1))
+    if y is not None:
+        return (y * w.reshape(-1, 1)).reshape(rows, k, hidden).sum(1)
     out = []
     for t in range(rows):
         xt = x.narrow(0, t, 1)
@@ -150,19 +157,29 @@ def gathered(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tenso
     return torch.cat(out, 0)
 
 
+def _pairs(xp: torch.Tensor, gate, up, down, index: torch.Tensor) -> torch.Tensor | None:
+    """Row ``p`` of ``xp`` through expert ``index[p]``'s SwiGLU FFN for every pair in three
+    kernel calls (each reading the pairs' experts in place, one dispatch each), or None where
+    the kernels do not take these weights (or it is not traced)."""
+    g = expert_kernel_product(xp, gate, index)
+    u = None if g is None else expert_kernel_product(xp, up, index)
+    if u is None:
+        return None
+    return expert_kernel_product(F.silu(g) * u, down, index)
+
+
 def every(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:
-    """Every local expert over every token, weighted (zero where a token chose another)."""
-    rows, hidden = x.shape
+    """Every local expert over every token, weighted (zero where a token chose another): each
+    expert's weights read once (:func:`_pair_ffn`, in place) for all the step's rows."""
     local = gate.shape[0]
     e, w = _local(experts, weights, first, local)
     # A one-hot sum rather than a scatter: IREE 3.10 crashes lowering a scatter of dynamic rows.
     one_hot = e[..., None] == torch.arange(local, device=x.device)  # [rows, k, local]
     dense = (one_hot.to(w.dtype) * w[..., None]).sum(1).to(x.dtype)  # [rows, local]
-    xe = x.reshape(1, rows, hidden).expand(local, rows, hidden)
-    g = matmul(xe, gate, transpose_rhs=True)  # [local, rows, ffn]
-    u = matmul(xe, up, transpose_rhs=True)
-    y = matmul(F.silu(g) * u, down, transpose_rhs=True)  # [local, rows, hidden]
-    return (y * dense.transpose(0, 1)[..., None]).sum(0)
+    y = 0
+    for i in range(local):
+        y = y + _pair_ffn(x, gate, up, down, i, local) * dense[:, i : i + 1]
+    return y
 
 
 def grouped(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate, up, down, first: int = 0) -> torch.Tensor:

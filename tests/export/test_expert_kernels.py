@@ -1,12 +1,13 @@
 """The CPU kernels' form for a mixture of experts' stacked weights (a decode step's chosen
-expert read in place: ``block_product(..., expert=i)``), for every kernel of the registry,
-compiled, against float64 products with the chosen expert's weight (dequantized by the gguf
-package for the block layouts). The expert index is a program input, so the compiled
-dispatch reads it from data; each program runs with the first and the last expert.
+experts read in place: ``block_product(..., expert=indexes)``), for every kernel of the
+registry, compiled, against float64 products with each pair's expert's weight (dequantized by
+the gguf package for the block layouts). The indexes are program inputs, so the compiled
+dispatch reads them from data; the program runs with two sets of them.
 
 One exported program holds every case (one compile): E = 3 stacked experts of N = 71 weight
-rows (a full workgroup of 64 and a remainder of 7) and K = 512, x of 1 and 3 rows in float32,
-weights whose float16 scales are positive, negative and 0."""
+rows (a full workgroup of 64 and a remainder of 7) and K = 512, in float32: one pair of 1 or 3
+rows of x (one expert), and 4 pairs of one row each (4 experts, repeats included, in one
+dispatch); weights whose float16 scales are positive, negative and 0."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from sharktank.types import QuantizedTensor
 from test_cpu_kernels import _check, _gguf_values
 
 E, N, K = 3, 71, 512
-ROWS = (1, 3)
 # The int16-x kernels need an integer dot product (AVX512-VNNI or AVX2).
 KINDS = [name for name, kernel in KERNELS.items() if INTEGER_DOT or not kernel.int16_x]
 PLAIN = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
@@ -39,8 +39,12 @@ def _stacked(name: str, seed: int):
 
 
 WEIGHTS = {name: _stacked(name, i) for i, name in enumerate(KINDS)}
-XS = {m: torch.randn(m, K, generator=torch.Generator().manual_seed(m)) for m in ROWS}
-CASES = [(name, m) for name in KINDS for m in ROWS]
+# (rows per pair, pairs): one expert over 1 or 3 rows (batched decode's form), 4 pairs of a row.
+SHAPES = ((1, 1), (3, 1), (1, 4))
+CASES = [(name, m, pairs) for name in KINDS for m, pairs in SHAPES]
+# Two sets of the indexes: for one pair, and for 4 pairs.
+INDEXES = (([0], [2, 0, 2, 1]), ([E - 1], [1, 1, 0, 2]))
+XS = {(m, pairs): torch.randn(m * pairs, K, generator=torch.Generator().manual_seed(10 * m + pairs)) for m, pairs in SHAPES}
 
 
 def _operand(w):
@@ -51,30 +55,35 @@ def _with(w, operand):
     return w.with_blocks(operand) if isinstance(w, QuantizedTensor) else operand
 
 
-def _products(expert, *args):
+def _products(one, four, *args):
     xs = dict(zip(XS, args[: len(XS)]))
     weights = dict(zip(KINDS, args[len(XS) :]))
-    return tuple(block_product(xs[m], _with(WEIGHTS[name], weights[name]), expert=expert).float() for name, m in CASES)
+    return tuple(
+        block_product(xs[m, pairs], _with(WEIGHTS[name], weights[name]), expert=one if pairs == 1 else four).float()
+        for name, m, pairs in CASES
+    )
 
 
-def _reference(name: str, m: int, expert: int) -> torch.Tensor:
-    x = XS[m]
+def _reference(name: str, m: int, indexes: list[int]) -> torch.Tensor:
+    x = XS[m, len(indexes)]
     kernel = KERNELS[name]
     if kernel.int16_x:  # the x these kernels multiply by
         order, unit = kernel.int16.order, kernel.int16.unit
         x = int16_x.dequantized(*int16_x.quantize(x, order, unit=unit)[:2], order, unit)
     w = WEIGHTS[name]
-    if isinstance(w, QuantizedTensor):
-        one = QuantizedTensor(w.layout, (N, K), w.blocks[expert])
-        values = _gguf_values(one)
-    else:
-        values = w[expert].double()
-    return x.double() @ values.T
+    out = []
+    for p, expert in enumerate(indexes):
+        if isinstance(w, QuantizedTensor):
+            values = _gguf_values(QuantizedTensor(w.layout, (N, K), w.blocks[expert]))
+        else:
+            values = w[expert].double()
+        out.append(x[p * m : (p + 1) * m].double() @ values.T)
+    return torch.cat(out)
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    args = (torch.tensor([0]), *XS.values(), *(_operand(WEIGHTS[name]) for name in KINDS))
+    args = (torch.tensor(INDEXES[0][0]), torch.tensor(INDEXES[0][1]), *XS.values(), *(_operand(WEIGHTS[name]) for name in KINDS))
     mlir = str(export_function(_products, args).mlir_module)
     session = Session(compile_mlir(mlir, 1, extra=QUANTIZED_FLAGS), 1)
     import iree.runtime as rt
@@ -85,27 +94,28 @@ def compiled():
         return session.place(a.numpy(), 0)
 
     results = {}
-    for expert in (0, E - 1):
-        inputs = [placed(torch.tensor([expert])), *(placed(a) for a in args[1:])]
+    for run, (one, four) in enumerate(INDEXES):
+        inputs = [placed(torch.tensor(one)), placed(torch.tensor(four)), *(placed(a) for a in args[2:])]
         out = session.invoke("main", inputs)
-        results.update({(name, m, expert): torch.from_numpy(np.array(r.to_host())) for (name, m), r in zip(CASES, out, strict=True)})
+        results.update({(*case, run): torch.from_numpy(np.array(r.to_host())) for case, r in zip(CASES, out, strict=True)})
     return mlir, results
 
 
 def test_every_kernel_has_a_stacked_form_in_the_export(compiled):
     mlir, _ = compiled
     assert kernels_in(mlir) == sorted(name.lower() for name in KINDS)
-    for name, m in CASES:
+    for name, m, pairs in CASES:
         kernel = KERNELS[name]
         elem = "i16" if kernel.int16_x else "f32"
-        assert f"@{kernel.function_name(m, N, K, elem, 'f32', experts=E)}(" in mlir
+        assert f"@{kernel.function_name(m, N, K, elem, 'f32', experts=E, pairs=pairs)}(" in mlir
 
 
-@pytest.mark.parametrize("expert", [0, E - 1])
-@pytest.mark.parametrize("name, m", CASES, ids=[f"{n}-m{m}" for n, m in CASES])
-def test_the_chosen_expert_s_product(compiled, name, m, expert):
+@pytest.mark.parametrize("run", [0, 1])
+@pytest.mark.parametrize("name, m, pairs", CASES, ids=[f"{n}-m{m}-p{p}" for n, m, p in CASES])
+def test_each_pair_s_product_with_its_expert(compiled, name, m, pairs, run):
     _, results = compiled
-    want = _reference(name, m, expert)
-    _check(results[(name, m, expert)], want, torch.float32)
+    indexes = INDEXES[run][0 if pairs == 1 else 1]
+    want = _reference(name, m, indexes)
+    _check(results[(name, m, pairs, run)], want, torch.float32)
     # Eagerly, the torch form of the same op.
-    _check(block_product(XS[m], WEIGHTS[name], expert=torch.tensor([expert])).float(), want, torch.float32)
+    _check(block_product(XS[m, pairs], WEIGHTS[name], expert=torch.tensor(indexes)).float(), want, torch.float32)

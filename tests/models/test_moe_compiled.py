@@ -29,14 +29,14 @@ def test_compiled_mixtral_equals_eager(tmp_path):
     export_artifact(load_model(ckpt, deferred=True), out, source=str(ckpt), max_seq_len=32, functions=("prefill", "decode"))
     mlir = (out / "model.mlir").read_text()
     # Decode (one token, k=2 of E=4) reads the two chosen experts of every stacked weight in
-    # place: the float32 kernel's stacked form takes every expert's weight and the chosen
-    # one's index (no slice, no gather, no index read back); prefill groups the tokens by
-    # expert: each expert runs over its own run of tokens (a narrow of data-dependent size per
-    # expert and block), and no product spans all experts.
+    # place: the float32 kernel's stacked form takes every expert's weight and each pair's
+    # index, both pairs in one call (no slice, no gather, no index read back); prefill groups
+    # the tokens by expert: each expert runs over its own run of tokens (a narrow of
+    # data-dependent size per expert and block), and no product spans all experts.
     decode, prefill = _function(mlir, "decode_bs1"), _function(mlir, "prefill_bs1")
-    calls = re.findall(r"util\.call @(sharktank_f32_product_e4_\w+)\(", decode)
-    assert len(calls) == 3 * 2 * 2  # gate, up and down of both pairs, both blocks
-    assert set(calls) == {"sharktank_f32_product_e4_1x128x64_f32", "sharktank_f32_product_e4_1x64x128_f32"}
+    calls = re.findall(r"util\.call @(sharktank_f32_product_e4\w+)\(", decode)
+    assert len(calls) == 3 * 2  # gate, up and down, both blocks
+    assert set(calls) == {"sharktank_f32_product_e4p2_1x128x64_f32", "sharktank_f32_product_e4p2_1x64x128_f32"}
     assert not re.search(r"torch\.aten\.narrow %\S+, %int0\S*, %\S+, %int1\S* : !torch\.vtensor<\[4,", decode)
     assert "torch.aten.item" not in decode
     assert not re.search(r"index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[4,", decode + prefill)

@@ -131,12 +131,13 @@ def test_compiled_kquant_experts_equal_eager(kquant_gguf, tmp_path):
     mlir = (out / "model.mlir").read_text()
     decode = _function(mlir, "decode_bs1")
     # The decode step reads its two chosen experts' blocks in place: the K-quant kernels'
-    # stacked form takes the whole [8, rows, blocks, bytes] blocks and the expert's index (3
-    # weights x 2 pairs x 2 layers calls). No expert is sliced at a data offset (which IREE
-    # copies before a dispatch reads it) or gathered, and no index is read back (Tensor.item).
-    calls = re.findall(r"util\.call @(sharktank_\w+_product_e8_\w+)\(", decode)
-    assert len(calls) == 3 * 2 * 2
-    assert set(calls) == {"sharktank_q4_k_product_e8_1x768x256_i16", "sharktank_q6_k_product_e8_1x256x768_i16"}
+    # stacked form takes the whole [8, rows, blocks, bytes] blocks and each pair's index, both
+    # pairs in one call (3 weights x 2 layers calls). No expert is sliced at a data offset
+    # (which IREE copies before a dispatch reads it) or gathered, and no index is read back
+    # (Tensor.item).
+    calls = re.findall(r"util\.call @(sharktank_\w+_product_e8\w+)\(", decode)
+    assert len(calls) == 3 * 2
+    assert set(calls) == {"sharktank_q4_k_product_e8p2_1x768x256_i16", "sharktank_q6_k_product_e8p2_1x256x768_i16"}
     assert not re.search(r"torch\.aten\.narrow %\S+, %int0\S*, %\S+, %int1\S* : !torch\.vtensor<\[8,", decode)
     assert not re.search(r"index_select %\S+, %\S+, %\S+ : !torch\.vtensor<\[8,", mlir)
     assert "torch.aten.item" not in decode

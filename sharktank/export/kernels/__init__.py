@@ -91,8 +91,9 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None,
     shape (a generator refuses one whose scratch would not fit a dispatch's stack), or the
     host CPU lacks the instructions a kernel needs (:data:`INTEGER_DOT`, :mod:`.isa`). ``rounded``: where
     given, x's int16 rounding per (x, layout), made once and shared by the products that take
-    the same x. ``expert`` (an int64 index ``[1]``, in range): ``w`` is stacked experts ``[E,
-    N, K]`` and the product takes expert ``expert[0]``'s weight, read in place by the kernel."""
+    the same x. ``expert`` (int64 indexes ``[P]``, in range): ``w`` is stacked experts ``[E,
+    N, K]``, x's rows are P pairs of equally many rows, and pair ``p``'s product takes expert
+    ``expert[p]``'s weight, read in place by the kernel (one dispatch for all pairs)."""
     from .custom_op import ELEMENT_TYPES, EXPERT_PRODUCTS, PRODUCTS, ROUNDINGS
 
     found = kernel_of(w, stacked=expert is not None)
@@ -107,14 +108,15 @@ def block_product(x: torch.Tensor, w: torch.Tensor, rounded: dict | None = None,
     # The result in x's dtype, rounded as the kernel stores it: IREE made a conversion after
     # each product a dispatch of its own (7 of a 1B layer's 38).
     out = ELEMENT_TYPES[x.dtype]
-    if kernel.refusal(x2.shape[0], n, k, "i16" if integer else "f32", out) is not None:
+    pairs = 1 if expert is None else expert.numel()
+    if x2.shape[0] % pairs or kernel.refusal(x2.shape[0] // pairs, n, k, "i16" if integer else "f32", out) is not None:
         return None
     name = kernel.layout_name
 
     def product(*xs: torch.Tensor) -> torch.Tensor:
         if expert is None:
             return PRODUCTS[name](*xs, operand, out)
-        return EXPERT_PRODUCTS[name](*xs, expert.reshape(1).to(torch.int64), operand, out)
+        return EXPERT_PRODUCTS[name](*xs, expert.reshape(pairs).to(torch.int64), operand, out)
 
     if integer:  # x as 16-bit integers per 32 values, for integer dot products (int16_x)
         if rounded is None:
@@ -268,11 +270,12 @@ class BlockProducts:
         return prefill_product(x, w)
 
     def expert(self, x: torch.Tensor, w: torch.Tensor, expert: torch.Tensor) -> torch.Tensor | None:
-        """``x @ w[expert].T`` for stacked experts ``w`` ``[E, N, K]`` and an int64 index (in
-        range) of one, with that expert's weight read in place: :func:`block_product` for a
-        static number of rows up to :data:`DECODE_ROWS`, else None."""
+        """Pair ``p``'s rows of ``x`` times ``w[expert[p]].T`` for stacked experts ``w`` ``[E,
+        N, K]`` and int64 indexes ``[P]`` (in range), each expert's weight read in place:
+        :func:`block_product` for a static number of rows per pair up to :data:`DECODE_ROWS`,
+        else None."""
         rows = _static_rows(x)
-        if rows is None or rows > DECODE_ROWS:
+        if rows is None or rows > DECODE_ROWS * expert.numel():
             return None
         return block_product(x, w, self._rounded, expert=expert)
 

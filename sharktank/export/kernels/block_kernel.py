@@ -191,11 +191,12 @@ class BlockKernel:
         """What every function name of this kernel starts with."""
         return f"sharktank_{self.name}_product_"
 
-    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0) -> str:
+    def function_name(self, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0, pairs: int = 1) -> str:
         """``y``: the result's element type where it is not the default (:func:`result_type`);
-        ``experts``: the number of stacked experts the weight operand holds (0: one weight)."""
+        ``experts``: the number of stacked experts the weight operand holds (0: one weight),
+        ``pairs``: of (rows, expert) products in the call (``m`` rows each)."""
         suffix = "" if y in (None, result_type(elem)) else f"_to_{y}"
-        stacked = f"e{experts}_" if experts else ""
+        stacked = (f"e{experts}p{pairs}_" if pairs > 1 else f"e{experts}_") if experts else ""
         return f"{self.function_prefix}{stacked}{m}x{n}x{k}_{elem}{suffix}"
 
     def rows_together(self, m: int, k: int, elem: str) -> int:

@@ -113,18 +113,19 @@ class _Int16BlockProduct(_BlockProduct):
 
 
 class _ExpertProduct(_BlockProduct):
-    """:class:`_BlockProduct` with the weight of expert ``expert[0]`` (int64 [1], in range) of
-    the stacked ``blocks`` [E, ...], read in place (:func:`.product_dispatch.module_asm`'s
-    ``experts``)."""
+    """:class:`_BlockProduct` over pairs: ``x`` [P * M, K] in P pairs of M rows, pair ``p``
+    times the weight of expert ``expert[p]`` (``expert``: int64 [P], in range) of the stacked
+    ``blocks`` [E, ...], read in place (:func:`.product_dispatch.module_asm`'s ``experts``)."""
 
     def _check_expert(self, x, expert, blocks) -> None:
         kern = self.kernel
         shape = tuple(blocks.t.shape)
+        k = x.t.shape[-1] // (2 if kern.int16_x else 1)
         torch._check(
-            x.t.ndim == 2 and expert.t.dtype == torch.int64 and list(expert.t.shape) == [1] and len(shape) >= 3
-            and shape[1:] == kern.weight_shape(shape[1], x.t.shape[1] // (2 if kern.int16_x else 1))
+            x.t.ndim == 2 and expert.t.dtype == torch.int64 and expert.t.ndim == 1 and expert.t.shape[0] >= 1
+            and x.t.shape[0] % expert.t.shape[0] == 0 and len(shape) >= 3 and shape[1:] == kern.weight_shape(shape[1], k)
             and (not kern.plain or blocks.t.dtype == DTYPES[kern.weight]),
-            lambda: f"{kern.layout_name} expert kernel: expected x [M, K], an int64 expert index [1] and stacked experts "
+            lambda: f"{kern.layout_name} expert kernel: expected x [P * M, K], an int64 expert index per pair [P] and stacked experts "
             f"{f'[E, N, K/{kern.block_size}, {kern.block_bytes}]' if not kern.plain else f'[E, N, K] ({kern.weight})'}, "
             f"found {list(x.t.shape)}, {list(expert.t.shape)} ({expert.t.dtype}) and {list(shape)} ({blocks.t.dtype})",
         )
@@ -136,20 +137,26 @@ class _ExpertProduct(_BlockProduct):
             arg.specialize_all_dims()
         self._result(ksel, x.t.shape[0], blocks.t.shape[1], 3)
 
+    def _pairs(self, x, expert, blocks, y):
+        m = x.shape[0] // expert.shape[0]
+        return torch.cat([self._product(x[p * m : (p + 1) * m], blocks[e]) for p, e in enumerate(expert.tolist())]).to(DTYPES[y])
+
     def eager_execute(self, x, expert, blocks, y):
-        return self._product(x, blocks[expert[0]]).to(DTYPES[y])
+        return self._pairs(x, expert, blocks, y)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
-        x, blocks, y = ksel.arg_descs[0].t, ksel.arg_descs[-2].t, ksel.arg_descs[-1].v
-        m, k, experts, n = x.shape[0], x.shape[1], blocks.shape[0], blocks.shape[1]
+        x, expert, blocks, y = ksel.arg_descs[0].t, ksel.arg_descs[-3].t, ksel.arg_descs[-2].t, ksel.arg_descs[-1].v
+        pairs, experts, n = expert.shape[0], blocks.shape[0], blocks.shape[1]
+        m, k = x.shape[0] // pairs, x.shape[1]
         elem, k = ("i16", k // 2) if self.kernel.int16_x else (ELEMENT_TYPES[x.dtype], k)
-        args = dict(kernel=self.kernel, m=m, n=n, k=k, elem=elem, y=y, experts=experts)
-        _call(kb, self.kernel.function_name(m, n, k, elem, y, experts), product_dispatch.module_asm, **args)
+        args = dict(kernel=self.kernel, m=m, n=n, k=k, elem=elem, y=y, experts=experts, pairs=pairs)
+        _call(kb, self.kernel.function_name(m, n, k, elem, y, experts, pairs), product_dispatch.module_asm, **args)
 
 
 class _Int16ExpertProduct(_ExpertProduct):
-    """:class:`_Int16BlockProduct` with the weight of expert ``expert[0]`` of the stacked
-    ``blocks`` [E, N, K/block_size, block_bytes], read in place."""
+    """:class:`_Int16BlockProduct` over pairs, as :class:`_ExpertProduct`: int16 ``x`` as
+    int8 planes [P * M, 2K] with its ``scales`` and ``sums``, the stacked ``blocks`` [E, N,
+    K/block_size, block_bytes]."""
 
     def select(self, ksel: KernelSelection):
         x, scales, sums, expert, blocks = (ksel.arg_tensor(i) for i in range(5))
@@ -158,7 +165,7 @@ class _Int16ExpertProduct(_ExpertProduct):
         torch._check(
             x.t.dtype == torch.int8 and list(scales.t.shape) == [x.t.shape[0], x.t.shape[1] // (2 * GROUP)]
             and list(sums.t.shape) == [x.t.shape[0], x.t.shape[1] // (2 * per)],
-            lambda: f"{kern.layout_name} expert kernel: expected int8 planes [M, 2K], scales [M, K/{GROUP}] and sums [M, K/{per}], "
+            lambda: f"{kern.layout_name} expert kernel: expected int8 planes [P * M, 2K], scales [P * M, K/{GROUP}] and sums [P * M, K/{per}], "
             f"found {list(x.t.shape)} ({x.t.dtype}), {list(scales.t.shape)} and {list(sums.t.shape)}",
         )
         for arg in (x, scales, sums, expert, blocks):
@@ -167,7 +174,7 @@ class _Int16ExpertProduct(_ExpertProduct):
 
     def eager_execute(self, x, scales, sums, expert, blocks, y):
         x = int16_x.dequantized(x, scales, self.kernel.int16.order, self.kernel.int16.unit)
-        return self._product(x, blocks[expert[0]]).to(DTYPES[y])
+        return self._pairs(x, expert, blocks, y)
 
 
 class _PrefillProduct(CustomOp):
@@ -250,8 +257,9 @@ def _expert_product_op(kernel: BlockKernel):
 # whose kernel takes int16 x, ``op(*ROUNDINGS[layout](x), blocks.view(torch.int8), y)``;
 # ``y``: the result's element type ("f32", "bf16", "f16").
 PRODUCTS = {layout: _product_op(kernel) for layout, kernel in KERNELS.items()}
-# The same with one expert of stacked weights: ``op(x, expert, stacked, y)`` (int16 x:
-# ``op(*rounding, expert, stacked, y)``), ``expert`` an int64 [1] index into ``stacked`` [E, ...].
+# The same over pairs of rows and experts of stacked weights: ``op(x, expert, stacked, y)``
+# (int16 x: ``op(*rounding, expert, stacked, y)``), ``expert`` an int64 [P] index into
+# ``stacked`` [E, ...] per pair, x [P * M, K].
 EXPERT_PRODUCTS = {layout: _expert_product_op(kernel) for layout, kernel in KERNELS.items()}
 PREFILLS = {  # the prompt products: op(x in bfloat16, blocks [N, K/bs, bb] int8 or a plain weight), by registry.PREFILLS's keys
     what: CustomOp.register()(

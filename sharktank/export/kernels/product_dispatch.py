@@ -164,19 +164,20 @@ class Block:
         self.fma(i, dot, self.e.shuffle(scales, scales, picks, "sv"), slot)
 
 
-def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str, experts: int = 0) -> tuple[list[Operand], Operand]:
-    x = Operand("x", (m, 2 * k), "i8") if elem == "i16" else Operand("x", (m, k), elem)  # int16 x: its two int8 planes
-    groups = [Operand("xd", (m, k // GROUP), "f32"), Operand("xs", (m, k // kernel.sum_group), "f32")] if elem == "i16" else []
-    if experts:  # the stacked experts' weights and the index of the one to read
-        weights = [Operand("ei", (1,), "i64"), Operand("we", (experts, *kernel.weight_shape(n, k)), kernel.weight)]
+def _operands(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str, experts: int = 0, pairs: int = 1) -> tuple[list[Operand], Operand]:
+    r = m * pairs  # x's rows: m per pair
+    x = Operand("x", (r, 2 * k), "i8") if elem == "i16" else Operand("x", (r, k), elem)  # int16 x: its two int8 planes
+    groups = [Operand("xd", (r, k // GROUP), "f32"), Operand("xs", (r, k // kernel.sum_group), "f32")] if elem == "i16" else []
+    if experts:  # the stacked experts' weights and the index of each pair's expert
+        weights = [Operand("ei", (pairs,), "i64"), Operand("we", (experts, *kernel.weight_shape(n, k)), kernel.weight)]
     else:
         weights = [Operand("w", kernel.weight_shape(n, k), kernel.weight)]
-    return [x, *groups, *weights], Operand("y", (m, n), y)
+    return [x, *groups, *weights], Operand("y", (r, n), y)
 
 
 # Cached: the custom op builds a shape's module once per trace that takes it.
 @isa.cached
-def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0) -> str:
+def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | None = None, experts: int = 0, pairs: int = 1) -> str:
     """A module holding ``util.func @<function_name>(x: tensor<m x k x elem>, blocks:
     tensor<n x k/block_size x block_bytes x i8>) -> tensor<m x n x y>`` and its dispatch.
     With ``elem`` "i16" the function takes ``(planes: tensor<m x 2k x i8>, scales: tensor<m x
@@ -185,26 +186,38 @@ def module_asm(kernel: BlockKernel, m: int, n: int, k: int, elem: str, y: str | 
     once to it as they are stored, so that a half-precision model needs no conversion
     dispatch after each product. ValueError where the kernel refuses the shape.
 
-    ``experts`` > 0: the weight operand is replaced by two, ``expert: tensor<1 x i64>`` and
-    the stacked weights of that many experts (``tensor<experts x ...>``, each one ``blocks``'
-    shape), and the dispatch reads expert ``expert[0]``'s weight in place (a subview at that
-    offset, which the caller keeps in range). A slice at a data offset passed to the plain
-    form was copied into a buffer of its own first (IREE's ``slow_memcpy`` dispatch): a
-    decode step's expert read its weight three times (read, write, read)."""
+    ``experts`` > 0: the weight operand is replaced by two, ``expert: tensor<pairs x i64>``
+    and the stacked weights of that many experts (``tensor<experts x ...>``, each one
+    ``blocks``' shape); x and the result have ``pairs * m`` rows, and pair ``p``'s ``m`` rows
+    are multiplied by expert ``expert[p]``'s weight, read in place (a subview at that offset,
+    which the caller keeps in range), ``pairs`` times as many workgroups in one dispatch. A
+    slice at a data offset passed to the plain form was copied into a buffer of its own first
+    (IREE's ``slow_memcpy`` dispatch): a decode step's expert read its weight three times
+    (read, write, read); and one dispatch per pair cost each pair a dispatch's overhead
+    (Qwen3-MoE's top 8: 96 product dispatches a step in 4 layers)."""
     y = result_type(elem) if y is None else y
     refusal = kernel.refusal(m, n, k, elem, y)
     if refusal:
         raise ValueError(refusal)
-    inputs, output = _operands(kernel, m, n, k, elem, y, experts)
-    tile = kernel.rows_per_workgroup
-    body = functools.partial(_dispatch, kernel, m, n, k, elem, [op.hint for op in inputs])
-    return executable(kernel.function_name(m, n, k, elem, y, experts), -(-n // tile), inputs, [output], body)
+    if pairs < 1 or (pairs > 1 and not experts):
+        raise ValueError(f"{kernel.layout_name} kernel: {pairs} pairs of x rows and experts need stacked experts (experts > 0)")
+    inputs, output = _operands(kernel, m, n, k, elem, y, experts, pairs)
+    tiles = -(-n // kernel.rows_per_workgroup)
+    body = functools.partial(_dispatch, kernel, m, n, k, elem, [*inputs, output], tiles)
+    return executable(kernel.function_name(m, n, k, elem, y, experts, pairs), tiles * pairs, inputs, [output], body)
 
 
-def _expert_weight(e: Emitter, kernel: BlockKernel, n: int, k: int, index: Value, stacked: Value) -> Value:
-    """The weight of expert ``index[0]`` of ``stacked``, a rank-reduced subview in place."""
+def _rows_of_pair(e: Emitter, view: Value, op: Operand, first: Value, m: int) -> Value:
+    """Rows ``first .. first + m`` of the 2-D operand ``op`` (its memref ``view``), a subview in place."""
+    cols = op.shape[1]
+    rows = memref_type((m, cols), op.elem)
+    return e.assign(op.hint, f"memref.subview {view}[{first}, 0] [{m}, {cols}] [1, 1] : {view.type} to {rows}", rows)
+
+
+def _expert_weight(e: Emitter, kernel: BlockKernel, n: int, k: int, index: Value, stacked: Value, pair: Value) -> Value:
+    """The weight of expert ``index[pair]`` of ``stacked``, a rank-reduced subview in place."""
     shape = kernel.weight_shape(n, k)
-    at = e.cast("arith.index_cast", e.load_scalar(index, [e.const(0)], "ei"), "index", "ei")
+    at = e.cast("arith.index_cast", e.load_scalar(index, [pair], "ei"), "index", "ei")
     zeros = ", ".join(["0"] * len(shape))
     sizes = ", ".join(map(str, (1, *shape)))
     ones = ", ".join(["1"] * (len(shape) + 1))
@@ -212,10 +225,22 @@ def _expert_weight(e: Emitter, kernel: BlockKernel, n: int, k: int, index: Value
     return e.assign("w", f"memref.subview {stacked}[{at}, {zeros}] [{sizes}] [{ones}] : {stacked.type} to {one}", one)
 
 
-def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, names: list[str], e: Emitter, wg: Value, views: list[Value]) -> None:
-    operands = dict(zip([*names, "y"], views))
+def _dispatch(kernel: BlockKernel, m: int, n: int, k: int, elem: str, ops: list[Operand], tiles: int, e: Emitter, wg: Value, views: list[Value]) -> None:
+    operands = {op.hint: view for op, view in zip(ops, views)}
     if "we" in operands:
-        operands["w"] = _expert_weight(e, kernel, n, k, operands.pop("ei"), operands.pop("we"))
+        # Stacked experts: workgroup wg takes tile wg % tiles of pair wg / tiles's product,
+        # whose rows of x and of the result, and whose expert's weight, are subviews.
+        index, stacked = operands.pop("ei"), operands.pop("we")
+        pairs = next(op.shape[0] for op in ops if op.hint == "ei")
+        pair = e.const(0)
+        if pairs > 1:
+            pair = e.binary("arith.divui", wg, e.const(tiles), "pair")
+            wg = e.binary("arith.remui", wg, e.const(tiles), "wg")
+            first_row = e.binary("arith.muli", pair, e.const(m), "prow")
+            for op in ops:
+                if op.hint in ("x", "xd", "xs", "y"):
+                    operands[op.hint] = _rows_of_pair(e, operands[op.hint], op, first_row, m)
+        operands["w"] = _expert_weight(e, kernel, n, k, index, stacked, pair)
     t, nb, slots = kernel.rows_per_workgroup, k // kernel.block_size, len(kernel.accumulators)
     together = kernel.rows_together(m, k, elem)
     c = e.const
