@@ -1,7 +1,7 @@
-"""A Mixtral checkpoint exported, compiled for the CPU and run: its logits and greedy ids equal
-the eager model's, its decode program reads only the routed experts (in place, through the
-CPU kernels' stacked form) and its prefill runs each expert over only its own tokens (read in
-the IR)."""
+"""A Mixtral checkpoint exported, compiled for the CPU and run, on one host and over two: its
+logits and greedy ids equal the eager model's, its decode program reads only the routed
+experts (in place, through the CPU kernels' stacked form) and its prefill runs each expert
+over only its own tokens (read in the IR)."""
 
 from __future__ import annotations
 
@@ -89,3 +89,52 @@ def test_expert_parallel_export_from_the_command_line(tmp_path, capsys):
     assert ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item() <= 1e-5
     assert main(["inspect", str(out)]) == 0
     assert "experts: 4 per block, 2 per token; whole experts per device over each tensor-parallel group" in capsys.readouterr().out
+
+
+def test_expert_parallel_stages_over_two_hosts_equal_eager(tmp_path):
+    """`export --tp 2 --ep 2 --pp 2 --hosts 2`: one stage per host, its attention split and its
+    experts whole over the host's two devices; two ranks (gloo on 127.0.0.1, every process
+    bounded and stopped) generate the eager model's ids, and rank 0's logits are within
+    float32 summation order of eager's."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from sharktank.cli import main
+
+    ckpt = tmp_path / "ckpt"
+    hf_moe("mixtral").save_pretrained(ckpt)
+    out = tmp_path / "art"
+    argv = ["--tp", "2", "--ep", "2", "--pp", "2", "--hosts", "2", "--max-seq-len", "32"]
+    assert main(["export", "--model", str(ckpt), *argv, "--output-dir", str(out)]) == 0
+    hosts = json.loads((out / "manifest.json").read_text())["hosts"]
+    assert [(h["stages"], h["devices"]) for h in hosts] == [([0], [[0, 0], [1, 1]]), ([1], [[2, 0], [3, 1]])]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tokens = [3, 1, 4, 1, 5]
+    run = [sys.executable, "-m", "sharktank.cli", "run", str(out), "--tokens", ",".join(map(str, tokens)), "--max-new-tokens", "5",
+           "--save-logits", str(tmp_path / "hosts.npy"), "--json", "--timeout", "30"]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen(run, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        results = [(p.communicate(timeout=120), p.returncode) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [rc for _, rc in results] == [0, 0], [err[-2000:] for (_, err), _ in results]
+    got = json.loads(results[0][0][0].strip().splitlines()[-1])
+    model = load_model(ckpt, tp=2, ep=2, pp=2)
+    prompt = torch.tensor([tokens])
+    ids = model.generate(prompt, 5)
+    assert got["hosts"] == 2 and got["ids"] == ids[0].tolist()
+    want = model.prefill(torch.cat([prompt, ids[:, :-1]], 1))[:, len(tokens) - 1 :]
+    logits = torch.from_numpy(np.load(tmp_path / "hosts.npy"))
+    assert logits.shape == want.shape
+    assert ((logits - want).abs().amax(-1) / want.abs().amax(-1)).max().item() <= 1e-5
