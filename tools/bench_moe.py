@@ -8,7 +8,8 @@ Three checkpoints with random weights (transformers' classes, float32, cached un
 (64 experts, top 8) and a dense Llama with the same total FFN bytes (ffn = E * expert ffn),
 each exported for the CPU (``prefill``, ``decode``) in each of ``--dtypes`` (``float32``;
 ``bfloat16``, the weights converted at export; ``q8_0``, a GGUF of Q8_0 weights and experts
-written by ``sharktank quantize``, routers and norms float32) and timed in interleaved rounds:
+written by ``sharktank quantize``, routers and norms float32; exported again when the
+checkout's commit changes) and timed in interleaved rounds:
 
 - decode ms/token (batch 1) against the *active-bytes* limit: the weights a step reads
   (dense ones, the router, the LM head, and ``top_k / E`` of the experts) over this machine's
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,10 +132,15 @@ def artifact(name: str, layers: int, max_seq_len: int, kind: str) -> Path:
     src, dtype = source(name, layers, kind)
     ckpt = checkpoint(name, layers)
     out = ckpt.parent / f"{ckpt.name}-{kind}-art{max_seq_len}"
-    if not (out / "manifest.json").exists():
-        print(f"exporting {name} {kind} ...", flush=True)
+    # Exported again when the checkout's commit is another than the one that exported it.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+    made = out / "bench_commit.txt"
+    if not (out / "manifest.json").exists() or not made.exists() or made.read_text() != commit:
+        print(f"exporting {name} {kind} at {commit[:7] or 'an unknown commit'} ...", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
         export_artifact(load_model(src, deferred=True, dtype=dtype), out, source=str(src), max_seq_len=max_seq_len,
                         functions=("prefill", "decode"))
+        made.write_text(commit)
     return out
 
 
