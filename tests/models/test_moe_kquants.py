@@ -127,7 +127,8 @@ def test_compiled_kquant_experts_equal_eager(kquant_gguf, tmp_path):
 
     path = kquant_gguf("qwen3_moe")
     out = tmp_path / "art"
-    export_artifact(load_model(path, deferred=True), out, source=path, max_seq_len=32, functions=("prefill", "decode"), exact_prompts=True)
+    export_artifact(load_model(path, deferred=True), out, source=path, max_seq_len=32, functions=("prefill", "decode"), exact_prompts=True,
+                    batch_sizes=(1, 4))
     mlir = (out / "model.mlir").read_text()
     decode = _function(mlir, "decode_bs1")
     # The decode step reads its two chosen experts' blocks in place: the K-quant kernels'
@@ -152,6 +153,16 @@ def test_compiled_kquant_experts_equal_eager(kquant_gguf, tmp_path):
     want = model.prefill(torch.cat([prompt[:, :6], ids[:, :-1]], 1))[:, 5:]
     decode = logits_error(steps, want)
     assert decode <= 1e-4, f"decode: max |error| / max |logit| = {decode:.3g}"
+    # A batch of 4 (8 pairs over 8 experts: each expert read once through the kernels for
+    # all four rows, weighted). Before 98e5960 this form dequantized the stacked blocks for a
+    # batched product, and compiled it generated other ids than eager here (this test at
+    # 30a518f; a Mixtral-shaped Q8_0 model's batch-4 logits were off by 1.77, the largest 2.69).
+    prompts = TOKENS[:, :12].reshape(4, 6)
+    ids, steps = compiled.generate(prompts, 4)
+    assert torch.equal(ids, model.generate(prompts, 4))
+    want = model.prefill(torch.cat([prompts, ids[:, :-1]], 1))[:, 5:]
+    batched = logits_error(steps, want)
+    assert batched <= 1e-4, f"batch-4 decode: max |error| / max |logit| = {batched:.3g}"
 
 
 def test_a_one_block_expert_ffn_is_not_split():
