@@ -1,7 +1,7 @@
 """Mixture-of-experts decode and prefill against their limits, side by side in one run.
 
     python tools/bench_moe.py [--dtypes float32,bfloat16,q8_0] [--rounds 3] [--layers 4] [--steps 16]
-                              [--prompt 128] [--json FILE]
+                              [--prompt 128] [--batch 1] [--json FILE]
 
 Three checkpoints with random weights (transformers' classes, float32, cached under
 ``~/.cache/sharktank/moe``): a Mixtral-shaped model (8 experts, top 2), a Qwen3-MoE-shaped one
@@ -11,7 +11,7 @@ each exported for the CPU (``prefill``, ``decode``) in each of ``--dtypes`` (``f
 written by ``sharktank quantize``, routers and norms float32; exported again when the
 checkout's commit changes) and timed in interleaved rounds:
 
-- decode ms/token (batch 1) against the *active-bytes* limit: the weights a step reads
+- decode ms/token (batch 1; ``--batch B``: ms per step of B sequences) against the *active-bytes* limit: the weights a step reads
   (dense ones, the router, the LM head, and ``top_k / E`` of the experts) over this machine's
   read bandwidth (``bench_limits.read_bandwidth_gbs``); target <= 1.3x;
 - decode against the dense model of the same total bytes: target faster by >= 0.6 * E / top_k;
@@ -125,13 +125,13 @@ def source(name: str, layers: int, kind: str) -> tuple[Path, torch.dtype | None]
     return ckpt, getattr(torch, kind)
 
 
-def artifact(name: str, layers: int, max_seq_len: int, kind: str) -> Path:
+def artifact(name: str, layers: int, max_seq_len: int, kind: str, batch: int = 1) -> Path:
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
     src, dtype = source(name, layers, kind)
     ckpt = checkpoint(name, layers)
-    out = ckpt.parent / f"{ckpt.name}-{kind}-art{max_seq_len}"
+    out = ckpt.parent / (f"{ckpt.name}-{kind}-art{max_seq_len}" + (f"-bs{batch}" if batch > 1 else ""))
     # Exported again when the checkout's commit is another than the one that exported it.
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
     made = out / "bench_commit.txt"
@@ -139,7 +139,7 @@ def artifact(name: str, layers: int, max_seq_len: int, kind: str) -> Path:
         print(f"exporting {name} {kind} at {commit[:7] or 'an unknown commit'} ...", flush=True)
         shutil.rmtree(out, ignore_errors=True)
         export_artifact(load_model(src, deferred=True, dtype=dtype), out, source=str(src), max_seq_len=max_seq_len,
-                        functions=("prefill", "decode"))
+                        functions=("prefill", "decode"), batch_sizes=(batch,))
         made.write_text(commit)
     return out
 
@@ -147,15 +147,15 @@ def artifact(name: str, layers: int, max_seq_len: int, kind: str) -> Path:
 def _times(model, prompt: torch.Tensor, steps: int) -> dict:
     t0 = time.perf_counter()
     logits, _ = model.prefill(prompt, logits="last")
-    logits[0, -1].argmax().item()
+    logits[:, -1].argmax(-1).tolist()
     prefill = time.perf_counter() - t0
     _, cache = model.prefill(prompt[:, :8], logits="last")
     decode = []
     for i in range(steps):
         pos = 8 + i
         t0 = time.perf_counter()
-        logits, cache = model.decode(prompt[:, pos], cache, torch.tensor([pos]))
-        logits[0, -1].argmax().item()
+        logits, cache = model.decode(prompt[:, pos], cache, torch.full((prompt.shape[0],), pos))
+        logits[:, -1].argmax(-1).tolist()
         if i:
             decode.append(time.perf_counter() - t0)
     return {"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(decode) * 1e3}
@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1); above 1 the limit columns are the batch-1 "
+                   "active bytes (a batch's steps read the experts its tokens chose: up to all of them)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     kinds = [k for k in args.dtypes.split(",") if k]
@@ -196,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
     max_seq_len = max(256, args.prompt + 8)
     keys = [(n, k) for k in kinds for n in SHAPES]
-    models = {key: CompiledModel(artifact(key[0], args.layers, max_seq_len, key[1])) for key in keys}
-    prompt = torch.randint(0, VOCAB, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    models = {key: CompiledModel(artifact(key[0], args.layers, max_seq_len, key[1], args.batch)) for key in keys}
+    prompt = torch.randint(0, VOCAB, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     runs: dict[tuple[str, str], list[dict]] = {key: [] for key in keys}
     bandwidth = []
     for r in range(args.rounds):
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             "dense_over_this_prefill": dense_prefill / statistics.median(pre),
         }
     moves = [transfer_bytes("mixtral_8x2", args.layers, ep) for ep in (1, 2, 4)]
-    print(f"\nread bandwidth {gbs:.1f} GB/s; {args.layers} layers, hidden {HIDDEN}, {args.rounds} interleaved rounds (median)")
+    print(f"\nread bandwidth {gbs:.1f} GB/s; {args.layers} layers, hidden {HIDDEN}, batch {args.batch}, {args.rounds} interleaved rounds (median)")
     print("| model | weights | decode ms | active-bytes limit ms | ratio (target <= 1.3) | dense decode / this (target) | prefill ms | dense prefill / this |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows.values():
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in moves:
         print(f"| {m['ep']} | {m['transfers']} | {m['bytes_per_token']:.0f} | {m['ring_all_reduce_bytes_per_token']:.0f} |")
     if args.json:
-        args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "rows": rows, "transfers": moves,
+        args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "batch": args.batch, "rows": rows, "transfers": moves,
                                          "runs": {f"{n} {k}": v for (n, k), v in runs.items()}}, indent=1))
     return 0
 
