@@ -2,9 +2,10 @@
 routing chose.
 
 By the number of (token, expert) pairs ``n = rows * k`` (:func:`local_experts`): a decode
-step (static ``n``) reads ``min(n, E)`` experts' weights (:func:`gathered` or
-:func:`every`); a prompt (``n`` traced, dynamic) groups the tokens by expert
-(:func:`grouped`):
+step (static ``n``) reads each pair's expert in place (:func:`gathered`, ``n < E``: an expert
+two pairs chose is read twice; on the CPU one kernel dispatch per weight for all pairs) or
+every expert once (:func:`every`, ``n >= E``); a prompt (``n`` traced, dynamic) groups the
+tokens by expert (:func:`grouped`):
 
 The ``rows * k`` (token, expert) pairs are put in expert order (a counting sort written with
 a one-hot cumulative sum and one scatter of the permutation: IREE 3.10 cannot compile a sort
