@@ -66,12 +66,6 @@ def _expert(w, e: int):
     return w.narrow(0, e, 1)[0]
 
 
-def _swiglu(x: torch.Tensor, gate, up, down, e) -> torch.Tensor:
-    """Expert ``e``'s SwiGLU FFN of the rows ``x`` (``e`` an int or a traced symbol)."""
-    h = F.silu(_f_linear(x, _expert(gate, e))) * _f_linear(x, _expert(up, e))
-    return _f_linear(h, _expert(down, e))
-
-
 def _pair_ffn(x: torch.Tensor, gate, up, down, index: "torch.Tensor | int", local: int) -> torch.Tensor:
     """The SwiGLU FFN of the rows ``x`` by the expert ``index`` (an int, or an int64 0-d
     tensor in 0 .. local - 1) of the stacked weights: each product reads that expert's weight
@@ -171,12 +165,17 @@ def _pairs(xp: torch.Tensor, gate, up, down, index: torch.Tensor) -> torch.Tenso
 
 def every(x, weights, experts, gate, up, down, first: int = 0) -> torch.Tensor:
     """Every local expert over every token, weighted (zero where a token chose another): each
-    expert's weights read once (:func:`_pair_ffn`, in place) for all the step's rows."""
+    expert's weights read once for all the step's rows, in place (:func:`_pairs`: expert i
+    the i-th pair of all the rows; else :func:`_pair_ffn` per expert)."""
+    rows, hidden = x.shape
     local = gate.shape[0]
     e, w = _local(experts, weights, first, local)
     # A one-hot sum rather than a scatter: IREE 3.10 crashes lowering a scatter of dynamic rows.
     one_hot = e[..., None] == torch.arange(local, device=x.device)  # [rows, k, local]
     dense = (one_hot.to(w.dtype) * w[..., None]).sum(1).to(x.dtype)  # [rows, local]
+    y = _pairs(x.repeat(local, 1), gate, up, down, torch.arange(local, device=x.device))
+    if y is not None:
+        return (y.reshape(local, rows, hidden) * dense.transpose(0, 1)[..., None]).sum(0)
     y = 0
     for i in range(local):
         y = y + _pair_ffn(x, gate, up, down, i, local) * dense[:, i : i + 1]
@@ -205,7 +204,7 @@ def grouped(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate,
     for e in range(local):
         start, count = _run(starts[e], n), _run(counts[e], n)
         torch._check(start + count <= n)
-        outs.append(_swiglu(xs.narrow(0, start, count), gate, up, down, e))
+        outs.append(_pair_ffn(xs.narrow(0, start, count), gate, up, down, e, local))
     done = sum(o.shape[0] for o in outs)
     outs.append(x.new_zeros(n - done, hidden))  # the other devices' pairs
     y = torch.cat(outs, 0).index_select(0, place)  # back in pair order [n, hidden]
