@@ -146,8 +146,10 @@ def add_parser(sub) -> None:
     e.add_argument("--model", help=f"what to export: {SOURCES_HELP}")
     e.add_argument("--recipe", help="a TOML recipe (e.g. exports/toy-llama-tp2-pp2.toml); flags override its keys")
     e.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
-    e.add_argument("--ep", type=int, help="a mixture of experts: 1 (default; each expert split tp-way as the dense FFN) or the "
-                   "tp size (expert parallelism: whole experts per device over each tensor-parallel group; the expert count must divide by it)")
+    e.add_argument("--ep", type=int, help="a mixture of experts: 1 (default; each expert split tp-way as the dense FFN), the "
+                   "tp size (expert parallelism: whole experts per device over each tensor-parallel group), or any N with --tp 1 "
+                   "(expert parallelism alone: each stage on N devices holding whole experts, every other weight and the KV cache "
+                   "replicated on each, one all-reduce per block); the expert count must divide by it")
     e.add_argument("--pp", type=int, help="pipeline stages (default 1, or the placement's)")
     e.add_argument("--hosts", type=int, help="split the pipeline stages over this many hosts (must divide pp): one program per host in "
         "DIR/host_N/, run with torchrun (default: one program, or the hosts the placement names, which --hosts must then match)")

@@ -62,6 +62,7 @@ def cmd_inspect(args) -> int:
         "versions": m.versions,
         "tokenizer": m.tokenizer,
         "experts": m.experts,
+        "dense": m.dense if m.experts else None,
         "kv_cache": _kv_cache(m),
     }
     if args.json:
@@ -71,7 +72,12 @@ def cmd_inspect(args) -> int:
     print(draw_text(p, per_device))
     c = m.config
     if c.get("num_experts"):
-        split = "whole experts per device over each tensor-parallel group" if m.experts == "experts" else "each expert split as the dense FFN"
+        if m.experts == "experts" and m.dense == "replicated":
+            split = "whole experts per device (expert parallelism alone: every other weight and the KV cache replicated on each device)"
+        elif m.experts == "experts":
+            split = "whole experts per device over each tensor-parallel group"
+        else:
+            split = "each expert split as the dense FFN"
         print(f"experts: {c['num_experts']} per block, {c['num_experts_per_tok']} per token; {split}")
     kv = info["kv_cache"]
     paged = f"; paged: pages of {kv['page_size']} positions, up to {kv['max_pages']} per sequence" if kv["page_size"] else ""

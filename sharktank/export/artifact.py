@@ -27,7 +27,7 @@ from ..models.llama.model import LlamaModel
 from ..parallel import ParallelPlan, PlanError
 from ..text.tokenizer import export_tokenizer
 from ..types import QuantizedTensor
-from ..weights._files import atomic_dir, atomic_file, sha256_file
+from ..weights._files import atomic_dir, atomic_file, check_replaceable, sha256_file
 from .archives import write_archives
 from .cache_size import host_memory_bytes, resolve_max_seq_len
 from .compile import QUANTIZED_FLAGS, TARGETS, compile_flags, compile_mlir
@@ -193,6 +193,7 @@ def export_artifact(
     it, instead of the prefill dispatches (about 5x faster, x and the weight rounded to
     bfloat16: :mod:`sharktank.export.kernels.prefill`). A bfloat16 model's are the same
     either way."""
+    check_replaceable(Path(output_dir), _may_replace)  # before the minutes of tracing, not after
     over_hosts = model.plan.on_hosts(hosts)
     functions = exported_kinds(functions, hosts=over_hosts.host_count, paths=len(model.plan.paths))
     if page_size is not None and (over_hosts.host_count > 1 or len(model.plan.paths) != 1):
@@ -273,7 +274,7 @@ def write_program(
         "format": ARTIFACT_FORMAT,
         "version": VERSION,
         "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."), "quantized": quantized,
-                  **({"experts": model.experts} if model.config.num_experts else {})},
+                  **model.splits()},
         "parallel": plan.to_dict(),
         "device_count": plan.device_count,
         "functions": specs,

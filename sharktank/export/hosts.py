@@ -219,7 +219,7 @@ def export_hosts(
             "format": HOSTS_FORMAT,
             "version": 1,
             "model": {"source": source, "config": model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch."),
-                      **({"experts": model.experts} if model.config.num_experts else {})},
+                      **model.splits()},
             "parallel": plan.to_dict(),
             "hosts": entries,
             "boundary": {"hidden_size": model.config.hidden_size, "dtype": str(model.dtype).removeprefix("torch."), "batch_sizes": list(batch_sizes)},

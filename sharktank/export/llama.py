@@ -229,6 +229,10 @@ def _absent_dialect_modules(*names: str):
 
 def _flat_cache(cache: KVCache) -> tuple[list[torch.Tensor], Any, list[int]]:
     leaves, spec = pytree.tree_flatten(cache.entries)
+    if len({id(x) for x in leaves}) != len(leaves):
+        # Traced as one input, two shards would share one buffer in the program while the
+        # runtime passes each device its own: decode would read what another device wrote.
+        raise ValueError("the cache's shards must be distinct tensors (a replicated cache needs a tensor per device)")
     devices = arg_devices((cache.entries,))
     return leaves, spec, devices
 

@@ -275,6 +275,12 @@ class Manifest:
         return self.data["model"].get("experts")
 
     @property
+    def dense(self) -> str:
+        """How the weights other than the experts are placed on each group: ``"split"``
+        (tensor parallelism) or ``"replicated"`` (expert parallelism alone)."""
+        return self.data["model"].get("dense", "split")
+
+    @property
     def parallel(self) -> dict:
         return self.data["parallel"]
 

@@ -20,8 +20,9 @@ Expert parallel (the stacked experts split on the expert dim, whole experts per 
 routing is replicated, so every device knows every token's experts; each device runs its
 own experts over the tokens that chose them (grouped), and one all-reduce of the ``[rows,
 hidden]`` partial sums combines them. No tokens are dispatched: every device already holds
-every token (attention is tensor-parallel over the same devices, its output all-reduced), so
-the combine is the one collective, the same bytes as a dense FFN's all-reduce.
+every token (attention is tensor-parallel over the same devices, its output all-reduced; or,
+expert parallelism alone, replicated: each device computes it whole), so the combine is the
+one collective, the same bytes as a dense FFN's all-reduce.
 """
 
 from __future__ import annotations

@@ -107,16 +107,24 @@ def load_model(
     ``generate(tokens, max_new_tokens) -> ids`` take and return plain torch tensors.
 
     ``ep``: expert parallelism for a mixture of experts: 1 (each expert split ``tp``-way as
-    the dense FFN), or ``tp`` (whole experts per device over each tensor-parallel group, ``E``
-    divisible by it; `export --ep`).
+    the dense FFN); ``tp`` (whole experts per device over each tensor-parallel group, ``E``
+    divisible by it; `export --ep`); or, with ``tp=1``, any ``ep`` dividing ``E``: expert
+    parallelism alone, each stage on ``ep`` devices that hold whole experts and replicate
+    every other weight (attention runs whole on each, over a replicated KV cache: one
+    all-reduce per block instead of two, for ``ep`` copies of the attention weights and cache).
 
     ``deferred=True``: the model holds placeholder weights (shapes and dtypes, no memory) and
     its ``source`` reads the bytes when an export writes the parameter archives, one tensor
     at a time; such a model can be exported but not run eagerly. Presets and sharded thetas
     are read into memory either way.
     """
-    if ep not in (1, tp):
-        raise PlanError(f"ep={ep} must be 1 or equal tp={tp}: experts are split over the tensor-parallel group")
+    if ep < 1 or ep not in (1, tp) and tp != 1:
+        raise PlanError(
+            f"ep={ep} with tp={tp}: ep must be 1, equal tp (experts split over the tensor-parallel group) "
+            f"or go with tp=1 (expert parallelism alone, on ep devices per stage)"
+        )
+    alone = tp == 1 and ep > 1
+    group = ep if alone else tp
     config, weights = weight_source(source, seed=seed)
     if dtype is not None:
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -125,10 +133,10 @@ def load_model(
     if not deferred and weights.deferred:
         weights = WeightSource.of(Theta({name: weights.read(name) for name in weights.names()}), weights.label)
     if placement is not None:
-        plan = plan_from_directives(placement, config.num_layers, tp=tp, pp=pp)
+        plan = plan_from_directives(placement, config.num_layers, tp=group, pp=pp)
     else:
-        plan = ParallelPlan.from_tp_pp(config.num_layers, tp, pp or 1)
-    return LlamaModel(config, weights.theta, plan, source=weights, experts="experts" if ep > 1 else "ffn")
+        plan = ParallelPlan.from_tp_pp(config.num_layers, group, pp or 1)
+    return LlamaModel(config, weights.theta, plan, source=weights, experts="experts" if ep > 1 else "ffn", dense="replicated" if alone else "split")
 
 
 def model_from_manifest(manifest) -> LlamaModel:
@@ -138,5 +146,6 @@ def model_from_manifest(manifest) -> LlamaModel:
     _, theta = load_weights(manifest.source)
     dtype = getattr(torch, manifest.dtype)
     theta = theta.map(lambda _, t: t.to(dtype) if t.is_floating_point() else t)
-    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, ParallelPlan.from_dict(manifest.parallel), experts=manifest.experts or "ffn")
+    return LlamaModel(LlamaConfig.from_dict(manifest.config), theta, ParallelPlan.from_dict(manifest.parallel), experts=manifest.experts or "ffn",
+                      dense=manifest.dense)
 

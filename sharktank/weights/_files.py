@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from .errors import WeightsError
 
-__all__ = ["atomic_file", "atomic_dir", "sha256_file", "resolve_inside"]
+__all__ = ["atomic_file", "atomic_dir", "check_replaceable", "sha256_file", "resolve_inside"]
 
 
 @contextlib.contextmanager
@@ -49,13 +49,13 @@ def atomic_dir(path: str | os.PathLike, *, may_replace: Callable[[Path], bool], 
     reader takes for complete.
     """
     target = Path(path)
-    _check_replaceable(target, may_replace)
+    check_replaceable(target, may_replace)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir()
     try:
         yield tmp
-        _check_replaceable(target, may_replace)
+        check_replaceable(target, may_replace)
         if target.exists():
             old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex}")
             os.rename(target, old)
@@ -74,7 +74,9 @@ def _discard(directory: Path, marker: str | None) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _check_replaceable(target: Path, may_replace: Callable[[Path], bool]) -> None:
+def check_replaceable(target: Path, may_replace: Callable[[Path], bool]) -> None:
+    """FileExistsError if ``target`` exists and is not a directory ``may_replace`` allows
+    replacing: what :func:`atomic_dir` checks, for a writer to call before long work."""
     if target.exists() and not (target.is_dir() and may_replace(target)):
         raise FileExistsError(f"{target}: exists and is not a directory this writer may replace")
 

@@ -10,6 +10,7 @@ import re
 import torch
 
 from test_moe_reference import TOKENS, hf_moe
+from sharktank import ops
 from sharktank.export.artifact import export_artifact
 from sharktank.models import load_model
 from sharktank.runtime import CompiledModel
@@ -62,10 +63,12 @@ def test_compiled_mixtral_equals_eager(tmp_path):
 
 
 def test_expert_parallel_export_from_the_command_line(tmp_path, capsys):
-    """`export --tp 2 --ep 2 --pp 2`: whole experts per device in each stage's group, compiled;
-    `run --compare-eager` rebuilds the eager model with the same split from the manifest; a
-    batch of 4 (8 pairs over each device's 2 experts: every local expert run, weighted) equals
-    eager; inspect says how experts are placed."""
+    """`export --ep 2 --pp 2` (tp 1: expert parallelism alone): each stage on two devices that
+    hold whole experts and replicate the rest, compiled; the program's one collective per
+    block is the experts' combine; `run --compare-eager` rebuilds the eager model with the
+    same split from the manifest; a batch of 4 (8 pairs over each device's 2 experts: every
+    local expert run, weighted) equals eager; inspect says how experts are placed. (The
+    two-host test below compiles tp = ep, attention split over the experts' devices.)"""
     import json
 
     from sharktank.cli import main
@@ -74,21 +77,29 @@ def test_expert_parallel_export_from_the_command_line(tmp_path, capsys):
     hf_moe("mixtral").save_pretrained(ckpt)
     out = tmp_path / "art"
     capsys.readouterr()
-    argv = ["--tp", "2", "--ep", "2", "--pp", "2", "--batch-sizes", "1,4", "--functions", "prefill,decode"]
+    argv = ["--ep", "2", "--pp", "2", "--batch-sizes", "1,4", "--functions", "prefill,decode"]
     assert main(["export", "--model", str(ckpt), *argv, "--max-seq-len", "32", "--output-dir", str(out), "--json"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model"]["experts"] == "experts"
+    assert (manifest["model"]["experts"], manifest["model"]["dense"], manifest["parallel"]["replicas"]) == ("experts", "replicated", [[[0, 1]], [[2, 3]]])
+    # Per decode step: each block's all-reduce over its two devices (2 transfers, 2 blocks),
+    # the residual stream into stage 1 (one copy per device: 2), the token and position to
+    # device 1 (2) and the position to stage 1's devices (2). Eager records the same.
+    model = load_model(ckpt, ep=2, pp=2)
+    cache = model.new_cache(1, 8)
+    model.prefill(TOKENS[:1, :3], cache)
+    with ops.record_transfers() as log:
+        model.decode(TOKENS[0, 3:4], cache, torch.tensor([3]))
+    assert manifest["transfers"]["decode_bs1"] == len(log) == 2 * 2 + 2 + 2 + 2
     assert main(["run", str(out), "--tokens", "3,1,4,1,5", "--max-new-tokens", "4", "--compare-eager", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert ran["eager_ids_match"] and ran["max_abs_error_vs_eager"] < 1e-4
     prompt = TOKENS[:, :14].reshape(4, 7)
     ids, steps = CompiledModel(out).generate(prompt, 5)
-    model = load_model(ckpt, tp=2, ep=2, pp=2)
     assert torch.equal(ids, model.generate(prompt, 5))
     want = model.prefill(torch.cat([prompt, ids[:, :-1]], 1))[:, 6:]
     assert ((steps - want).abs().amax(-1) / want.abs().amax(-1)).max().item() <= 1e-5
     assert main(["inspect", str(out)]) == 0
-    assert "experts: 4 per block, 2 per token; whole experts per device over each tensor-parallel group" in capsys.readouterr().out
+    assert "experts: 4 per block, 2 per token; whole experts per device (expert parallelism alone" in capsys.readouterr().out
 
 
 def test_expert_parallel_stages_over_two_hosts_equal_eager(tmp_path):

@@ -98,6 +98,16 @@ def _router_calls(ref, tokens):
     return calls, logits
 
 
+def _prefill_matches(model, ref) -> list:
+    """Assert ``model``'s prompt logits match transformers' ``ref``; returns the transfers recorded."""
+    with ops.record_transfers() as log:
+        got = model.prefill(TOKENS)
+    with torch.no_grad():
+        want = ref(TOKENS).logits
+    assert_logits_match(got, want)
+    return log
+
+
 def test_config_from_the_checkpoints(checkpoint):
     mixtral, _ = load_hf_checkpoint(checkpoint("mixtral"))
     assert (mixtral.architecture, mixtral.num_experts, mixtral.num_experts_per_tok, mixtral.intermediate_size) == ("llama", 4, 2, 128)
@@ -137,11 +147,7 @@ def test_logits_match_transformers(checkpoint, tmp_path, kind, tp, pp, experts):
         ref = hf_moe(kind)
         config, theta = load_hf_checkpoint(checkpoint(kind))
     model = LlamaModel(config, theta, ParallelPlan.from_tp_pp(config.num_layers, tp, pp), experts=experts)
-    with ops.record_transfers() as log:
-        got = model.prefill(TOKENS)
-    with torch.no_grad():
-        want = ref(TOKENS).logits
-    assert_logits_match(got, want)
+    log = _prefill_matches(model, ref)
     # The experts add no transfer to a dense block's: one all_reduce after attention, one after
     # the FFN, whether each expert is split (ffn) or the experts are (expert parallelism).
     inputs = 2 * (tp - 1) + (pp - 1) * tp
@@ -158,11 +164,7 @@ def test_dualpipev_over_moe_stages_matches_transformers(tmp_path, kind):
     ref = hf_moe(kind, layers=4)
     ref.save_pretrained(tmp_path / "moe")
     model = load_model(tmp_path / "moe", placement=DUALPIPEV)
-    with ops.record_transfers() as log:
-        got = model.prefill(TOKENS)
-    with torch.no_grad():
-        want = ref(TOKENS).logits
-    assert_logits_match(got, want)
+    log = _prefill_matches(model, ref)
     # The experts add no transfer to the placement's: a dense model of the same layout moves
     # as much.
     import transformers
@@ -195,6 +197,30 @@ def test_expert_parallel_weights_are_whole_experts(checkpoint):
         assert torch.equal(w[name].shards[1], theta[f"model.layers.1.mlp.experts.{full}.weight"][4:])
     # Attention stays tensor-parallel over the same devices.
     assert isinstance(w["q"], SplitPrimitiveTensor) and w["q"].shard_dim == 0 and w["q"].devices == (0, 1)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("ep, pp", [(2, 1), (4, 1), (2, 2)])
+def test_expert_parallelism_alone_matches_transformers(checkpoint, kind, ep, pp):
+    # tp 1, ep devices per stage: whole experts per device, every other weight and the cache
+    # replicated (ep 4 with 2 KV heads, which tensor-parallel attention could not split).
+    ref = hf_moe(kind)
+    model = load_model(checkpoint(kind), ep=ep, pp=pp)
+    config = model.config
+    w = model.stages[0][0].blocks[0]
+    assert isinstance(w["experts_up"], SplitPrimitiveTensor) and w["experts_up"].shard_dim == 0 and len(w["experts_up"].shards) == ep
+    assert all(isinstance(w[n], ReplicatedTensor) and w[n].devices == tuple(range(ep)) for n in ("q", "k", "v", "o", "router"))
+    assert isinstance(model.stages[-1][0].lm_head, ReplicatedTensor)
+    assert all(isinstance(t, ReplicatedTensor) for t in model.new_cache(1, 8).entries[0][0])
+    log = _prefill_matches(model, ref)
+    # One collective per block, the experts' combine (attention needs none, nor the LM head),
+    # plus the stage boundaries' copies and the inputs (tokens, positions) to the other devices.
+    inputs = 2 * (ep - 1) + (pp - 1) * ep
+    assert len(log) == config.num_layers * all_reduce_transfers(ep) + (pp - 1) * ep + inputs
+    prompt = TOKENS[:1, :6]
+    with torch.no_grad():
+        want_ids = ref.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(prompt))
+    assert torch.equal(model.generate(prompt, 6), want_ids[:, prompt.shape[1]:])
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -341,8 +367,13 @@ def test_expert_parallelism_needs_whole_experts_per_device():
     dense = dataclasses.replace(config, num_experts=0, num_experts_per_tok=0)
     with pytest.raises(PlanError, match="expert parallelism needs a mixture-of-experts model"):
         LlamaModel(dense, random_theta(dense), plan, experts="experts")
-    with pytest.raises(PlanError, match=r"ep=2 must be 1 or equal tp=1: experts are split over the tensor-parallel group"):
-        load_model("toy-llama", ep=2)
+    with pytest.raises(PlanError, match="expert parallelism needs a mixture-of-experts model"):
+        load_model("toy-llama", ep=2)  # ep alone (tp 1) of a dense model
+    with pytest.raises(PlanError, match=r"ep=4 with tp=2: ep must be 1, equal tp \(experts split over the tensor-parallel group\) "
+                       r"or go with tp=1 \(expert parallelism alone, on ep devices per stage\)"):
+        load_model("toy-llama", tp=2, ep=4)
+    with pytest.raises(PlanError, match="replicated dense weights go with expert parallelism"):
+        LlamaModel(config, random_theta(config), plan, dense="replicated")
 
 
 def test_gguf_with_more_used_experts_than_experts_is_refused(checkpoint, tmp_path):

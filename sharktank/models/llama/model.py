@@ -27,7 +27,8 @@ __all__ = ["LlamaModel", "KVCache"]
 @dataclass
 class KVCache:
     """Per microbatch: its path, its batch rows, and one ``(k, v)`` pair per block, each
-    ``[rows, max_seq_len, kv_heads, head_dim]`` split on kv heads over the block's devices."""
+    ``[rows, max_seq_len, kv_heads, head_dim]`` split on kv heads over the block's devices
+    (replicated on them when the model's dense weights are: expert parallelism alone)."""
 
     paths: list[int]
     rows: list[tuple[int, int]]
@@ -44,22 +45,35 @@ class LlamaModel:
     ``[B, S, vocab]``)."""
 
     def __init__(
-        self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None, *, source: WeightSource | None = None, experts: str = "ffn"
+        self, config: LlamaConfig, theta: Theta, plan: ParallelPlan | None = None, *, source: WeightSource | None = None, experts: str = "ffn",
+        dense: str = "split",
     ):
         """``source``: where ``theta``'s bytes come from (``load_model`` passes it); a deferred
         source's placeholders hold no data, so such a model can be exported, not run.
         ``experts``: how a mixture of experts is split over each tensor-parallel group:
         ``"ffn"`` (each expert split as the dense FFN) or ``"experts"`` (expert parallelism
-        over the same devices, whole experts per device; exports and compiles like the rest)."""
+        over the same devices, whole experts per device; exports and compiles like the rest).
+        ``dense``: how the other weights are placed on each group: ``"split"`` (tensor
+        parallelism) or ``"replicated"`` (with ``experts="experts"``: expert parallelism
+        alone, attention whole on every device over a replicated cache; ``sharding``)."""
         self.config = config
         self.source = source if source is not None else WeightSource.of(theta)
         self.plan = plan or ParallelPlan.from_tp_pp(config.num_layers)
         if len(self.plan.stage_of_block) != config.num_layers:
             raise ValueError(f"plan has {len(self.plan.stage_of_block)} blocks, the model {config.num_layers}")
         self.experts = experts
-        self.stages = shard_weights(config, theta, self.plan, experts=experts)
+        self.dense = dense
+        self.stages = shard_weights(config, theta, self.plan, experts=experts, dense=dense)
         self.dtype = theta["model.embed_tokens.weight"].dtype
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def splits(self) -> dict:
+        """What a manifest records of how a mixture of experts is placed (``{}`` for a dense
+        model): ``experts`` (``"ffn"`` or ``"experts"``) and, for expert parallelism alone,
+        ``dense: "replicated"``."""
+        if not self.config.num_experts:
+            return {}
+        return {"experts": self.experts, **({"dense": self.dense} if self.dense != "split" else {})}
 
     # --- cache -----------------------------------------------------------------------------
     def new_cache(self, batch: int, max_seq_len: int | None = None, *, placeholder: bool = False) -> KVCache:
@@ -77,7 +91,12 @@ class LlamaModel:
                 for _ in self.plan.blocks_of(stage):
                     make = torch.empty if placeholder else torch.zeros
                     zeros = make(rows, t, c.num_kv_heads, c.head_dim, dtype=self.dtype)
-                    entries.append(tuple(SplitPrimitiveTensor(shard_dim=2, ts=zeros, devices=devices, pinned=True) for _ in range(2)))
+                    if self.dense == "replicated":  # a tensor of its own per device (an export traces each as an argument)
+                        entries.append(tuple(
+                            ReplicatedTensor(ts=[make(zeros.shape, dtype=self.dtype) for _ in devices], devices=devices, pinned=True) for _ in range(2)
+                        ))
+                    else:
+                        entries.append(tuple(SplitPrimitiveTensor(shard_dim=2, ts=zeros, devices=devices, pinned=True) for _ in range(2)))
             cache.entries.append(entries)
         return cache
 

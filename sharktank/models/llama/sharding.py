@@ -6,6 +6,10 @@ the layers all-reduce. Mixture-of-experts blocks: the router is replicated and e
 is split as the dense FFN (stacked gate/up on their ffn dim 1, down on its ffn dim 2), so one
 all-reduce combines the experts' partial sums (``layers.moe``); or, expert-parallel, the
 expert dim is split over the same group (:data:`EXPERT_SPLITS`), again with one all-reduce.
+Expert parallelism alone (``dense="replicated"``): only the experts are split (on the expert
+dim); every other weight, the LM head included, is replicated on every device of the group,
+so attention runs whole on each device over a replicated KV cache, and a block's one
+collective is the all-reduce that combines the experts' partial sums.
 Replicated: norms and the token embedding, and Qwen3's q/k norms (one
 ``[head_dim]`` weight shared by every head: each device applies it to the heads it holds).
 The LM head is split on the vocabulary (column-parallel) and gathered at the end. KV heads
@@ -31,7 +35,7 @@ from ...types.sharded import split_sizes_of
 from ...weights import Theta
 from .config import LlamaConfig
 
-__all__ = ["EXPERT_SPLITS", "StageWeights", "shard_weights", "check_tp", "check_experts"]
+__all__ = ["DENSE_SPLITS", "EXPERT_SPLITS", "StageWeights", "shard_weights", "check_tp", "check_experts"]
 
 _SPLIT_DIM = {
     "self_attn.q_proj.weight": 0,
@@ -60,6 +64,12 @@ EXPERT_SPLITS: dict[str, dict[str, int]] = {
 }
 
 
+# How the weights other than the experts are placed on a stage's device group: "split" (tensor
+# parallelism: attention by heads, the dense FFN by its intermediate dim, the LM head by the
+# vocabulary) or "replicated" (expert parallelism alone: each device holds them whole).
+DENSE_SPLITS = ("split", "replicated")
+
+
 @dataclass(frozen=True)
 class StageWeights:
     """The weights one replica of one stage holds, pinned to its device group."""
@@ -80,10 +90,16 @@ def check_tp(config: LlamaConfig, tp: int) -> None:
         )
 
 
-def check_experts(config: LlamaConfig, experts: str, tp: int) -> None:
-    """Refuse an unknown expert split, or an expert-parallel one whose group size does not divide E."""
+def check_experts(config: LlamaConfig, experts: str, tp: int, dense: str = "split") -> None:
+    """Refuse an unknown expert or dense split, an expert-parallel one whose group size does
+    not divide E, or replicated dense weights without expert parallelism (which would make
+    every device compute the whole model)."""
     if experts not in EXPERT_SPLITS:
         raise PlanError(f"expert split {experts!r} is not known; known: {', '.join(EXPERT_SPLITS)}")
+    if dense not in DENSE_SPLITS:
+        raise PlanError(f"dense split {dense!r} is not known; known: {', '.join(DENSE_SPLITS)}")
+    if dense == "replicated" and experts != "experts":
+        raise PlanError("replicated dense weights go with expert parallelism (experts='experts'): without it every device would compute the whole model")
     if experts == "experts" and not config.is_moe:
         raise PlanError("expert parallelism needs a mixture-of-experts model; this one has a dense FFN per block")
     if experts == "experts" and config.num_experts % tp:
@@ -155,12 +171,17 @@ _SHORT = {
 }
 
 
-def shard_weights(config: LlamaConfig, theta: Theta, plan: ParallelPlan, *, experts: str = "ffn") -> list[list[StageWeights]]:
+def shard_weights(
+    config: LlamaConfig, theta: Theta, plan: ParallelPlan, *, experts: str = "ffn", dense: str = "split"
+) -> list[list[StageWeights]]:
     """``result[stage][replica]``: the stage's weights on that replica's device group, the
-    stacked experts split as ``experts`` says (a key of :data:`EXPERT_SPLITS`)."""
-    check_tp(config, plan.tp)
-    check_experts(config, experts, plan.tp)
-    split_dim = {**_SPLIT_DIM, **EXPERT_SPLITS[experts]}
+    stacked experts split as ``experts`` says (a key of :data:`EXPERT_SPLITS`) and the other
+    weights as ``dense`` does (of :data:`DENSE_SPLITS`)."""
+    check_experts(config, experts, plan.tp, dense)
+    if dense == "split":
+        check_tp(config, plan.tp)
+    split_dim = {**(_SPLIT_DIM if dense == "split" else {}), **EXPERT_SPLITS[experts]}
+    head_dim = 0 if dense == "split" else None
     head = theta["model.embed_tokens.weight"] if config.tie_word_embeddings else theta["lm_head.weight"]
     out = []
     for s in range(plan.pp):
@@ -181,7 +202,7 @@ def shard_weights(config: LlamaConfig, theta: Theta, plan: ParallelPlan, *, expe
                     blocks=blocks,
                     embed=_place(theta["model.embed_tokens.weight"], None, group, "model.embed_tokens.weight") if s == 0 else None,
                     norm=_place(theta["model.norm.weight"], None, group, "model.norm.weight") if last else None,
-                    lm_head=_place(head, 0, group, "lm_head.weight") if last else None,
+                    lm_head=_place(head, head_dim, group, "lm_head.weight") if last else None,
                 )
             )
         out.append(reps)
