@@ -186,6 +186,7 @@ def test_no_compile_then_compile_then_run(tmp_path):
     (existing / "notes.txt").write_text("keep me")
     p = sharktank("export", "--model", "toy-llama", "--no-compile", "--output-dir", existing, check=False)
     assert p.returncode == 2 and (existing / "notes.txt").read_text() == "keep me"
+    assert "may replace" in p.stderr and "exporting" not in p.stderr  # refused before the tracing, not after
 
 
 @pytest.fixture(scope="module")

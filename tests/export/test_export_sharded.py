@@ -243,3 +243,19 @@ def test_only_the_known_spurious_compiler_message_is_dropped():
     warning = "<stdin>:9:1: warning: something else\n"
     assert drop_known_noise(noise + warning + noise) == warning
     assert drop_known_noise(other) == other  # not a timepoint global: kept
+
+
+def test_a_cache_whose_shards_alias_is_refused():
+    # Traced as one argument, two devices' shards would share a buffer in the program while
+    # the runtime passes each device its own (a decode that reads what another device wrote).
+    from sharktank.export.llama import _flat_cache
+    from sharktank.models import load_model
+    from sharktank.models.llama.model import KVCache
+
+    model = load_model("toy-llama")
+    one = torch.zeros(1, 8, 4, 16)
+    aliased = KVCache(paths=[0], rows=[(0, 1)], entries=[[(ReplicatedTensor(ts=one, devices=(0, 1)),)]])
+    with pytest.raises(ValueError, match="the cache's shards must be distinct tensors"):
+        _flat_cache(aliased)
+    leaves, _, devices = _flat_cache(model.new_cache(1, 8))
+    assert len({id(x) for x in leaves}) == len(leaves) and devices == [0] * len(leaves)
