@@ -1,11 +1,12 @@
 """Mixture-of-experts decode and prefill against their limits, side by side in one run.
 
-    python tools/bench_moe.py [--dtypes float32,bfloat16,q8_0] [--rounds 3] [--layers 4] [--steps 16]
-                              [--prompt 128] [--batch 1] [--json FILE]
+    python tools/bench_moe.py [--dtypes float32,bfloat16,q8_0] [--rounds 3] [--layers 4] [--hidden 1024]
+                              [--steps 16] [--prompt 128] [--batch 1] [--json FILE]
 
 Three checkpoints with random weights (transformers' classes, float32, cached under
 ``~/.cache/sharktank/moe``): a Mixtral-shaped model (8 experts, top 2), a Qwen3-MoE-shaped one
 (64 experts, top 8) and a dense Llama with the same total FFN bytes (ffn = E * expert ffn),
+each FFN (and expert) ``--hidden / 1024`` times as wide as these at hidden 1024,
 each exported for the CPU (``prefill``, ``decode``) in each of ``--dtypes`` (``float32``;
 ``bfloat16``, the weights converted at export; ``q8_0``, a GGUF of Q8_0 weights and experts
 written by ``sharktank quantize``, routers and norms float32; exported again when the
@@ -17,8 +18,10 @@ checkout's commit changes) and timed in interleaved rounds:
 - decode against the dense model of the same total bytes: target faster by >= 0.6 * E / top_k;
 - prefill of ``--prompt`` tokens against the dense model (which computes what an
   every-expert-over-every-token prefill computes);
-- bytes crossing devices per decode token at ep 1, 2 and 4 (eager, ``ops.record_transfers``),
-  next to a ring all-reduce's (the minimum for combining partial sums held on every device).
+- bytes crossing devices per decode token at ep 1, 2 and 4, with tensor-parallel attention
+  over the same devices (tp = ep) and alone (tp 1: attention replicated), eager
+  (``ops.record_transfers``), next to a ring all-reduce's for the same collectives (the
+  minimum for combining partial sums held on every device).
 """
 
 from __future__ import annotations
@@ -37,17 +40,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_limits import read_bandwidth_gbs  # noqa: E402
 
-HIDDEN, HEADS, KV_HEADS, VOCAB = 1024, 16, 4, 4096
+HEADS, KV_HEADS, VOCAB = 16, 4, 4096
 SHAPES = {
-    # name: (class, experts, top_k, ffn per expert)
+    # name: (class, experts, top_k, ffn per expert at hidden 1024)
     "mixtral_8x2": ("mixtral", 8, 2, 1536),
     "qwen3moe_64x8": ("qwen3_moe", 64, 8, 192),
     "dense_same_bytes": ("llama", 1, 1, 8 * 1536),
 }
 
 
-def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int):
-    common = dict(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, num_hidden_layers=layers,
+def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int, hidden: int):
+    common = dict(hidden_size=hidden, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, num_hidden_layers=layers,
                   vocab_size=VOCAB, max_position_embeddings=512, tie_word_embeddings=False, torch_dtype="float32")
     if kind == "mixtral":
         from transformers import MixtralConfig
@@ -57,20 +60,20 @@ def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int):
         from transformers import Qwen3MoeConfig
 
         return Qwen3MoeConfig(moe_intermediate_size=ffn, intermediate_size=ffn, num_experts=experts, num_experts_per_tok=top_k,
-                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], head_dim=HIDDEN // HEADS, **common)
+                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], head_dim=hidden // HEADS, **common)
     from transformers import LlamaConfig
 
     return LlamaConfig(intermediate_size=ffn, **common)
 
 
-def checkpoint(name: str, layers: int) -> Path:
+def checkpoint(name: str, layers: int, hidden: int = 1024) -> Path:
     """The cached checkpoint of ``name`` (made once, random weights, seed 0)."""
-    path = Path.home() / ".cache" / "sharktank" / "moe" / f"{name}-l{layers}"
+    path = Path.home() / ".cache" / "sharktank" / "moe" / (f"{name}-l{layers}" + (f"-h{hidden}" if hidden != 1024 else ""))
     if not (path / "config.json").exists():
         import transformers
 
         kind, experts, top_k, ffn = SHAPES[name]
-        config = _config(kind, experts, top_k, ffn, layers)
+        config = _config(kind, experts, top_k, ffn * hidden // 1024, layers, hidden)
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
         with torch.no_grad():  # a sharp router: top-k choices far from ties, as trained ones are
@@ -109,10 +112,10 @@ def active_bytes(name: str, ckpt: Path, dtype: torch.dtype | None) -> tuple[int,
 DTYPES = ("float32", "bfloat16", "q8_0")
 
 
-def source(name: str, layers: int, kind: str) -> tuple[Path, torch.dtype | None]:
+def source(name: str, layers: int, kind: str, hidden: int = 1024) -> tuple[Path, torch.dtype | None]:
     """The weights of ``name`` in ``kind`` (one of :data:`DTYPES`): a source and the dtype
     its export converts to (a Q8_0 GGUF made once from the checkpoint)."""
-    ckpt = checkpoint(name, layers)
+    ckpt = checkpoint(name, layers, hidden)
     if kind == "q8_0":
         gguf = ckpt.parent / f"{ckpt.name}-q8_0.gguf"
         if not gguf.exists():
@@ -125,12 +128,12 @@ def source(name: str, layers: int, kind: str) -> tuple[Path, torch.dtype | None]
     return ckpt, getattr(torch, kind)
 
 
-def artifact(name: str, layers: int, max_seq_len: int, kind: str, batch: int = 1) -> Path:
+def artifact(name: str, layers: int, max_seq_len: int, kind: str, batch: int = 1, hidden: int = 1024) -> Path:
     from sharktank.export.artifact import export_artifact
     from sharktank.models import load_model
 
-    src, dtype = source(name, layers, kind)
-    ckpt = checkpoint(name, layers)
+    src, dtype = source(name, layers, kind, hidden)
+    ckpt = checkpoint(name, layers, hidden)
     out = ckpt.parent / (f"{ckpt.name}-{kind}-art{max_seq_len}" + (f"-bs{batch}" if batch > 1 else ""))
     # Exported again when the checkout's commit is another than the one that exported it.
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
@@ -161,22 +164,22 @@ def _times(model, prompt: torch.Tensor, steps: int) -> dict:
     return {"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(decode) * 1e3}
 
 
-def transfer_bytes(name: str, layers: int, ep: int) -> dict:
-    """Bytes crossing devices in one eager batch-1 decode step at tp = ep, and a ring
-    all-reduce's bytes for the same collectives (2 (N-1) / N of each reduced tensor sent by
-    each of the N devices)."""
+def transfer_bytes(name: str, layers: int, ep: int, hidden: int = 1024, alone: bool = False) -> dict:
+    """Bytes crossing devices in one eager batch-1 decode step at tp = ep (``alone``: tp 1,
+    attention replicated), and a ring all-reduce's bytes for the same collectives (2 (N-1) /
+    N of each reduced tensor sent by each of the N devices)."""
     from sharktank import ops
     from sharktank.models import load_model
 
-    model = load_model(checkpoint(name, layers), tp=ep, ep=ep)
+    model = load_model(checkpoint(name, layers, hidden), tp=1 if alone else ep, ep=ep)
     tokens = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache(1, 32)
     model.prefill(tokens[:, :8], cache)
     with ops.record_transfers() as log:
         model.decode(tokens[:, 8:], cache, torch.tensor([8]))
-    # Per block: the attention output and the FFN (experts) output, [1, hidden] float32 each.
-    ring = layers * 2 * 2 * (ep - 1) * HIDDEN * 4
-    return {"ep": ep, "bytes_per_token": log.total_bytes(), "ring_all_reduce_bytes_per_token": ring, "transfers": len(log)}
+    # Per block: the attention output (tp = ep only) and the experts' output, [1, hidden] float32 each.
+    ring = layers * (1 if alone else 2) * 2 * (ep - 1) * hidden * 4
+    return {"ep": ep, "attention": "replicated" if alone else "tp", "bytes_per_token": log.total_bytes(), "ring_all_reduce_bytes_per_token": ring, "transfers": len(log)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {', '.join(DTYPES)} (default: all)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=1024, help="hidden size (default 1024); the FFNs and experts widen with it")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1); above 1 the limit columns are the batch-1 "
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
     max_seq_len = max(256, args.prompt + 8)
     keys = [(n, k) for k in kinds for n in SHAPES]
-    models = {key: CompiledModel(artifact(key[0], args.layers, max_seq_len, key[1], args.batch)) for key in keys}
+    models = {key: CompiledModel(artifact(key[0], args.layers, max_seq_len, key[1], args.batch, args.hidden)) for key in keys}
     prompt = torch.randint(0, VOCAB, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     runs: dict[tuple[str, str], list[dict]] = {key: [] for key in keys}
     bandwidth = []
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, k in keys:
         dense = statistics.median(x["decode_ms"] for x in runs["dense_same_bytes", k])
         dense_prefill = statistics.median(x["prefill_ms"] for x in runs["dense_same_bytes", k])
-        src, dtype = source(n, args.layers, k)
+        src, dtype = source(n, args.layers, k, args.hidden)
         act, total = active_bytes(n, src, dtype)
         dec = [x["decode_ms"] for x in runs[n, k]]
         pre = [x["prefill_ms"] for x in runs[n, k]]
@@ -227,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             "target_dense_over_this": 0.6 * experts / top_k if experts > 1 else None,
             "dense_over_this_prefill": dense_prefill / statistics.median(pre),
         }
-    moves = [transfer_bytes("mixtral_8x2", args.layers, ep) for ep in (1, 2, 4)]
-    print(f"\nread bandwidth {gbs:.1f} GB/s; {args.layers} layers, hidden {HIDDEN}, batch {args.batch}, {args.rounds} interleaved rounds (median)")
+    moves = [transfer_bytes("mixtral_8x2", args.layers, ep, args.hidden, alone) for alone in (False, True) for ep in (1, 2, 4) if not (alone and ep == 1)]
+    print(f"\nread bandwidth {gbs:.1f} GB/s; {args.layers} layers, hidden {args.hidden}, batch {args.batch}, {args.rounds} interleaved rounds (median)")
     print("| model | weights | decode ms | active-bytes limit ms | ratio (target <= 1.3) | dense decode / this (target) | prefill ms | dense prefill / this |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows.values():
@@ -236,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {x['model']} | {x['weights']} | {x['decode_ms']:.2f} ({x['decode_range'][0]:.2f}-{x['decode_range'][1]:.2f}) | "
               f"{x['active_limit_ms']:.2f} | {x['decode_vs_limit']:.2f} | {x['dense_over_this_decode']:.2f} ({t}) | "
               f"{x['prefill_ms']:.0f} | {x['dense_over_this_prefill']:.2f} |")
-    print("\n| ep | transfers per decode step | bytes per token | ring all-reduce bytes per token |")
-    print("|---|---|---|---|")
+    print("\n| ep | attention | transfers per decode step | bytes per token | ring all-reduce bytes per token |")
+    print("|---|---|---|---|---|")
     for m in moves:
-        print(f"| {m['ep']} | {m['transfers']} | {m['bytes_per_token']:.0f} | {m['ring_all_reduce_bytes_per_token']:.0f} |")
+        print(f"| {m['ep']} | {m['attention']} | {m['transfers']} | {m['bytes_per_token']:.0f} | {m['ring_all_reduce_bytes_per_token']:.0f} |")
     if args.json:
         args.json.write_text(json.dumps({"bandwidth_gbs": gbs, "batch": args.batch, "rows": rows, "transfers": moves,
                                          "runs": {f"{n} {k}": v for (n, k), v in runs.items()}}, indent=1))
