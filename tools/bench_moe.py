@@ -3,9 +3,10 @@
     python tools/bench_moe.py [--dtypes float32,bfloat16,q8_0] [--rounds 3] [--layers 4] [--hidden 1024]
                               [--steps 16] [--prompt 128] [--batch 1] [--json FILE]
 
-Three checkpoints with random weights (transformers' classes, float32, cached under
+Four checkpoints with random weights (transformers' classes, float32, cached under
 ``~/.cache/sharktank/moe``): a Mixtral-shaped model (8 experts, top 2), a Qwen3-MoE-shaped one
-(64 experts, top 8) and a dense Llama with the same total FFN bytes (ffn = E * expert ffn),
+(64 experts, top 8) and each one's dense twin with the same total FFN bytes (ffn = E * expert
+ffn): a Llama for Mixtral, a Qwen3 (q/k norms, as Qwen3-MoE's attention has) for Qwen3-MoE,
 each FFN (and expert) ``--hidden / 1024`` times as wide as these at hidden 1024,
 each exported for the CPU (``prefill``, ``decode``) in each of ``--dtypes`` (``float32``;
 ``bfloat16``, the weights converted at export; ``q8_0``, a GGUF of Q8_0 weights and experts
@@ -15,8 +16,8 @@ checkout's commit changes) and timed in interleaved rounds:
 - decode ms/token (batch 1; ``--batch B``: ms per step of B sequences) against the *active-bytes* limit: the weights a step reads
   (dense ones, the router, the LM head, and ``top_k / E`` of the experts) over this machine's
   read bandwidth (``bench_limits.read_bandwidth_gbs``); target <= 1.3x;
-- decode against the dense model of the same total bytes: target faster by >= 0.6 * E / top_k;
-- prefill of ``--prompt`` tokens against the dense model (which computes what an
+- decode against its dense twin: target faster by >= 0.6 * E / top_k;
+- prefill of ``--prompt`` tokens against the dense twin (which computes what an
   every-expert-over-every-token prefill computes);
 - bytes crossing devices per decode token at ep 1, 2 and 4, with tensor-parallel attention
   over the same devices (tp = ep) and alone (tp 1: attention replicated), eager
@@ -46,7 +47,12 @@ SHAPES = {
     "mixtral_8x2": ("mixtral", 8, 2, 1536),
     "qwen3moe_64x8": ("qwen3_moe", 64, 8, 192),
     "dense_same_bytes": ("llama", 1, 1, 8 * 1536),
+    "dense_qwen3_same_bytes": ("qwen3", 1, 1, 64 * 192),
 }
+# Each model's dense twin (the same attention, an FFN of the same total bytes): what "dense /
+# this" divides by. Qwen3's attention normalizes q and k per head, Llama's does not.
+DENSE_TWIN = {"mixtral_8x2": "dense_same_bytes", "qwen3moe_64x8": "dense_qwen3_same_bytes",
+              "dense_same_bytes": "dense_same_bytes", "dense_qwen3_same_bytes": "dense_qwen3_same_bytes"}
 
 
 def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int, hidden: int):
@@ -61,6 +67,10 @@ def _config(kind: str, experts: int, top_k: int, ffn: int, layers: int, hidden: 
 
         return Qwen3MoeConfig(moe_intermediate_size=ffn, intermediate_size=ffn, num_experts=experts, num_experts_per_tok=top_k,
                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], head_dim=hidden // HEADS, **common)
+    if kind == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(intermediate_size=ffn, head_dim=hidden // HEADS, **common)
     from transformers import LlamaConfig
 
     return LlamaConfig(intermediate_size=ffn, **common)
@@ -215,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     gbs = statistics.median(bandwidth)
     rows = {}
     for n, k in keys:
-        dense = statistics.median(x["decode_ms"] for x in runs["dense_same_bytes", k])
-        dense_prefill = statistics.median(x["prefill_ms"] for x in runs["dense_same_bytes", k])
+        dense = statistics.median(x["decode_ms"] for x in runs[DENSE_TWIN[n], k])
+        dense_prefill = statistics.median(x["prefill_ms"] for x in runs[DENSE_TWIN[n], k])
         src, dtype = source(n, args.layers, k, args.hidden)
         act, total = active_bytes(n, src, dtype)
         dec = [x["decode_ms"] for x in runs[n, k]]
