@@ -118,7 +118,7 @@ def load_model(
     at a time; such a model can be exported but not run eagerly. Presets and sharded thetas
     are read into memory either way.
     """
-    if ep < 1 or ep not in (1, tp) and tp != 1:
+    if ep < 1 or (ep not in (1, tp) and tp != 1):
         raise PlanError(
             f"ep={ep} with tp={tp}: ep must be 1, equal tp (experts split over the tensor-parallel group) "
             f"or go with tp=1 (expert parallelism alone, on ep devices per stage)"

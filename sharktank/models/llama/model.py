@@ -90,12 +90,13 @@ class LlamaModel:
                 devices = self.plan.devices(stage, r)
                 for _ in self.plan.blocks_of(stage):
                     make = torch.empty if placeholder else torch.zeros
-                    zeros = make(rows, t, c.num_kv_heads, c.head_dim, dtype=self.dtype)
+                    shape = (rows, t, c.num_kv_heads, c.head_dim)
                     if self.dense == "replicated":  # a tensor of its own per device (an export traces each as an argument)
                         entries.append(tuple(
-                            ReplicatedTensor(ts=[make(zeros.shape, dtype=self.dtype) for _ in devices], devices=devices, pinned=True) for _ in range(2)
+                            ReplicatedTensor(ts=[make(shape, dtype=self.dtype) for _ in devices], devices=devices, pinned=True) for _ in range(2)
                         ))
                     else:
+                        zeros = make(shape, dtype=self.dtype)
                         entries.append(tuple(SplitPrimitiveTensor(shard_dim=2, ts=zeros, devices=devices, pinned=True) for _ in range(2)))
             cache.entries.append(entries)
         return cache
