@@ -5,7 +5,8 @@
 
 Starts ``sharktank serve ARTIFACT_DIR`` on 127.0.0.1 (an artifact exported with ``--page-size``)
 with a pool of ``--kv-pages`` pages (given to the server as ``--kv-cache-gib``), small enough
-that cached prefix pages are evicted all the time. Then:
+that cached prefix pages are evicted all the time and running requests are preempted (their
+pages freed for older ones, their tokens recomputed when resumed). Then:
 
 1. **Alone**: every distinct completion the load will need is asked once, one request at a
    time (greedy): what each request must answer.
@@ -228,6 +229,7 @@ def run(artifact: str, *, requests: int, concurrency: int, kv_pages: int, seed: 
         "health_checks": len(got["rss_kib"]), "health_failures": got["health_failures"], "wall_s": got["wall_s"],
         "kv_pages_used_after": after.get("sharktank_kv_pages_used"), "rows_running_after": after.get("sharktank_rows_running"),
         "kv_pages_cached_after": after.get("sharktank_kv_pages_cached"), "prefix_cache_hit_tokens": after.get("sharktank_prefix_cache_hit_tokens"),
+        "preemptions": after.get("sharktank_preemptions"),
         "rss_kib": {"after_alone": rss_before, "after_load": rss_after, "peak_during_load": max(got["rss_kib"], default=None)},
     }
     report["ok"] = not wrong and not failed and not got["health_failures"] and report["kv_pages_used_after"] == 0 and report["rows_running_after"] == 0
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items())))
     print(f"wrong answers: {len(report['wrong'])}; failed: {len(report['failed'])}; health checks {report['health_checks']}, failed {len(report['health_failures'])}")
     print(f"after: rows running {report['rows_running_after']:.0f}, pages held {report['kv_pages_used_after']:.0f}, cached {report['kv_pages_cached_after']:.0f}; "
-          f"prefix-cache hit tokens {report['prefix_cache_hit_tokens']:.0f}")
+          f"prefix-cache hit tokens {report['prefix_cache_hit_tokens']:.0f}, preemptions {report['preemptions'] or 0:.0f}")
     print(f"server RSS: {rss['after_alone']} KiB after the alone phase, {rss['after_load']} KiB after the load (peak {rss['peak_during_load']} KiB)")
     print("OK" if report["ok"] else "FAILED")
     if args.json:

@@ -171,8 +171,9 @@ def add_parser(sub) -> None:
     )
     v.add_argument(
         "--kv-cache-gib", dest="kv_cache_gib", type=float, metavar="GIB",
-        help="an artifact exported with --page-size serves from one pool of KV-cache pages shared by all requests (a request reserves "
-        "pages for its prompt plus max_tokens when admitted and waits while the pool is short; full prompt pages are kept for reuse "
+        help="an artifact exported with --page-size serves from one pool of KV-cache pages shared by all requests (a request takes "
+        "pages for its prompt when admitted and one more page each time it fills one; when the pool runs out the most recently "
+        "admitted request is preempted and recomputed later, its client seeing only a delay; full prompt pages are kept for reuse "
         "by later prompts with the same prefix): the pool's size per device in GiB (default: the memory of --max-batch rows of "
         "the exported cache length). Refused on a CPU when it exceeds the memory available",
     )

@@ -66,8 +66,8 @@ _STOPPED = "the engine stopped before this request finished"
 class EngineStats:
     """A snapshot of the engine's load: requests waiting for a row, rows in use, rows in all;
     with a paged cache its pages (in use by requests, cached for reuse and unreferenced, free:
-    the three add up to ``kv_pages``) and the prompt tokens the prefix cache supplied (0
-    without one)."""
+    the three add up to ``kv_pages``), the prompt tokens the prefix cache supplied and the
+    requests preempted to free pages, both since start (0 without one)."""
 
     waiting: int
     running: int
@@ -77,6 +77,7 @@ class EngineStats:
     kv_pages_cached: int = 0
     kv_pages_free: int = 0
     prefix_cache_hit_tokens: int = 0
+    preemptions: int = 0
 
 
 class Engine:
@@ -191,6 +192,7 @@ class Engine:
             return EngineStats(
                 s.waiting, s.running, self.batch_size, kv_pages=self.kv_pages, kv_pages_used=s.pool.used,
                 kv_pages_cached=s.pool.cached_unreferenced, kv_pages_free=s.pool.free, prefix_cache_hit_tokens=pool["hits"],
+                preemptions=s.preemptions,
             )
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Request:
@@ -275,7 +277,7 @@ class Engine:
             if self.chunk_tokens is not None:  # chunked mode: one chunk a call
                 (p,) = call.rows
                 if self.page_size is not None:
-                    out, self._cache = self.model.prefill_paged(p.request.prompt, p.start, p.end, list(p.pages), self._cache, logits="last")
+                    out, self._cache = self.model.prefill_paged(p.sequence, p.start, p.end, list(p.pages), self._cache, logits="last")
                 else:
                     out, self._cache = self.model.prefill_chunk(p.request.prompt, p.start, p.end, p.row, self._cache, logits="last")
                 logits = [out]

@@ -4,9 +4,10 @@ servers in one process (tests) keep separate counts.
 Counters: requests ended, by finish reason as the client saw it (``stop`` includes stop
 strings, ``cancelled`` includes clients that left); prompt tokens prefilled; tokens generated.
 Gauges, read from the engine when scraped: requests waiting for a row, rows in use, rows in
-all, and with a paged cache its pages (in the pool, used, cached, free) and the prompt tokens
-the prefix cache supplied. Histograms: time to first token (from submit to the engine delivering the first token)
-and the gap between a request's successive tokens, both timed on the engine's thread.
+all, and with a paged cache its pages (in the pool, used, cached, free), the prompt tokens
+the prefix cache supplied and the requests preempted. Histograms: time to first token (from
+submit to the engine delivering the first token) and the gap between a request's successive
+tokens, both timed on the engine's thread.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ _GAUGES = (
     ("kv_pages_cached", "KV-cache pages held by no request, kept for prefix reuse (evicted when needed).", "kv_pages_cached"),
     ("kv_pages_free", "KV-cache pages holding nothing.", "kv_pages_free"),
     ("prefix_cache_hit_tokens", "Prompt tokens whose KV entries came from the prefix cache (not prefilled), since start.", "prefix_cache_hit_tokens"),
+    ("preemptions", "Requests preempted to free KV-cache pages for older ones (resumed later by recomputing their tokens), since start.", "preemptions"),
 )
 
 

@@ -4,16 +4,30 @@ a row of its own.
 
 - **Rows** are decode slots only: ``batch_size`` requests decode together, each through its
   own page table; what a slot held before is not kept (the pool keeps prefixes instead).
-- **Admission** (first come, first served): the oldest waiting request takes a free slot when
-  the pool can hold its whole length (prompt plus ``max_tokens``), counting the full pages of
-  its prompt's longest prefix already in the prefix cache, which it shares instead of
-  prefilling. Otherwise it, and everyone behind it, waits for pages: a request, once
-  admitted, never runs out of cache, so nothing is preempted (a request that could never fit
-  is refused when submitted, by the engine).
+- **Pages as a sequence grows**: a request is admitted with pages for its prompt and its first
+  decode position; each decode step first gives every decoding request the page its next
+  write needs, oldest first.
+- **Preemption** when the pool runs out: a step that cannot give a decoding request its page
+  preempts the youngest running request (the most recently admitted, perhaps the one asking):
+  its pages are released (the full pages it prefilled join the prefix cache like a finished
+  request's), and it goes back to the queue ahead of every request not yet admitted, oldest
+  first. Resumed, it prefills its prompt and the tokens it had fed back to decode (reusing
+  whatever of them is still cached), yields no token for that prefill (it has its next token
+  already: its sampler is untouched) and decodes on; its client sees a delay, never a repeated
+  or lost token (the recomputed entries equal the first ones up to the rounding of a prefill
+  against a decode step). The oldest running request is never preempted while another runs, and a
+  request alone always fits (the engine refuses one larger than the pool), so every admitted
+  request finishes.
+- **Admission** (first come, first served, resumed requests first): the oldest waiting request
+  takes a free slot when the pool can give it those pages, counting the full pages of its
+  prompt's longest prefix already in the prefix cache (shared instead of prefilled), and still
+  keep one page of growth for each running request (so admitting does not preempt at the next
+  page boundary). Otherwise it, and everyone behind it, waits.
 - **Prefix caching**: a prompt's pages are registered in the pool's prefix cache as they fill,
   once the chunk that wrote them has run (at the next step's start), so a later request with
-  the same prefix shares them; only prompt tokens are registered (pages written by decode
-  steps are not, being computed by another function than a fresh prefill's). A shared page is
+  the same prefix shares them; only prefilled tokens are registered (a prompt, or a resumed
+  request's prompt and fed-back tokens; pages written by decode steps are not, being computed
+  by another function than a fresh prefill's). A shared page is
   full and never written again: a request's first chunk starts on a page of its own.
 - **Chunks and decode** as in :class:`Scheduler`'s chunked mode; the plan carries each
   prefill's page table and each decode row's (a free slot's dummy token writes into the
@@ -28,6 +42,7 @@ Device page ``i + 1`` is the pool's page ``i``: device page 0 is the scratch pag
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from .events import EngineError
@@ -49,9 +64,13 @@ class PagedScheduler(Scheduler):
         super().__init__(batch_size, max_queue=max_queue, batched_prefill=False, chunk_tokens=chunk_tokens, max_seq_len=max_seq_len)
         self.pool = pool
         self.decode_sizes = tuple(sorted({b for b in decode_sizes if b < batch_size} | {batch_size}))
+        self.preemptions = 0  # requests preempted since start
+        self._resumed: dict[int, _Running] = {}  # request id -> the state of a preempted request waiting
+        self._ages = itertools.count()
 
     def pages_needed(self, request: Request) -> int:
-        """The pages ``request`` reserves when admitted (its prompt and ``max_tokens``)."""
+        """The pages ``request`` holds at its longest (its prompt and ``max_tokens``): the
+        engine refuses one that needs more than the pool."""
         return self.pool.pages_for(request.prompt_tokens + request.params.max_tokens)
 
     def table(self, row: int) -> tuple[int, ...]:
@@ -59,11 +78,67 @@ class PagedScheduler(Scheduler):
         run = self._rows[row]
         return tuple(p + 1 for p in run.pages.pages) if run is not None else (SCRATCH_PAGE,)
 
+    def schedule(self) -> StepPlan:
+        """Retire cancelled requests, register the pages last step's chunks wrote, give the
+        decoding requests their next page (preempting the youngest when the pool runs out),
+        admit waiting requests and plan the step."""
+        finished = self._retire_cancelled()
+        self._forget_resumed()
+        for run in self._rows:  # the chunks planned last step have run (a failed one freed its slot)
+            if run is not None:
+                self.pool.commit(run.pages, run.sequence(), run.prefilled)
+        preempted = self._grow()
+        plan = self._schedule_chunks(finished, self._decode_batch())
+        prefills = tuple(PrefillCall(tuple(replace(p, pages=self.table(p.row)) for p in call.rows)) for call in plan.prefills)
+        decode = plan.decode
+        if decode is not None:
+            decode = self._smallest(replace(decode, tables=tuple(self.table(r) for r in range(self.batch_size))))
+        return replace(plan, prefills=prefills, decode=decode, preempted=tuple(preempted))
+
+    def drop(self, request: Request) -> None:
+        super().drop(request)
+        self._forget_resumed()
+
     def drain(self, error: EngineError):
         for run in self._rows:
             if run is not None:
                 self.pool.close(run.pages)
+        self._resumed.clear()
         return super().drain(error)
+
+    # --- growth and preemption ---------------------------------------------------------------------
+    def _grow(self) -> list[Request]:
+        """Give every decoding request the pages its next write needs, oldest first, preempting
+        the youngest running request while the pool cannot; returns the preempted requests."""
+        preempted: list[Request] = []
+        decoding = sorted(
+            ((r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None and r not in self._order),
+            key=lambda item: item[1].age,
+        )
+        for r, run in decoding:
+            while self._rows[r] is run and not self.pool.extend(run.pages, run.position + 1):
+                victim = max((r for r, q in enumerate(self._rows) if q is not None), key=lambda r: self._rows[r].age)
+                preempted.append(self._rows[victim].request)
+                self._preempt(victim)
+        return preempted
+
+    def _preempt(self, r: int) -> None:
+        """Slot ``r``'s request goes back to the queue, ahead of every request never admitted
+        and behind older preempted ones, with what it must prefill again when resumed."""
+        run = self._rows[r]
+        self._free(r)  # its prefilled full pages join the prefix cache
+        run.resumed = run.request.prompt + run.outputs[:-1] if run.outputs else None
+        run.prefilled, run.pages = 0, None
+        self._resumed[run.request.id] = run
+        at = sum(1 for q in self._waiting if q.id in self._resumed and self._resumed[q.id].age < run.age)
+        self._waiting.insert(at, run.request)
+        self.preemptions += 1
+
+    def _forget_resumed(self) -> None:
+        """Drop the saved state of preempted requests no longer waiting (cancelled, dropped)."""
+        waiting = {q.id for q in self._waiting}
+        for rid in [rid for rid in self._resumed if rid not in waiting]:
+            del self._resumed[rid]
 
     # --- the chunked mode's steps, over pages ------------------------------------------------------
     def _free(self, r: int, held: list[int] | None = None) -> None:
@@ -73,7 +148,7 @@ class PagedScheduler(Scheduler):
         run = self._rows[r]
         if run is not None:
             if held is None:
-                self.pool.commit(run.pages, run.request.prompt, run.prefilled)
+                self.pool.commit(run.pages, run.sequence(), run.prefilled)
             self.pool.close(run.pages)
         super()._free(r, held=[])
 
@@ -89,27 +164,23 @@ class PagedScheduler(Scheduler):
             if not free:
                 return
             request = self._waiting[0]
-            alloc = self.pool.open(request.prompt, record=False)
-            if not self.pool.extend(alloc, request.prompt_tokens + request.params.max_tokens):
+            run = self._resumed.get(request.id)
+            sequence = run.sequence() if run is not None else request.prompt
+            alloc = self.pool.open(sequence, record=False)
+            need = self.pool.pages_for(len(sequence) + 1) - len(alloc.pages)  # + its first decode write
+            if need + self.running > self.pool.available or not self.pool.extend(alloc, len(sequence) + 1):
                 self.pool.close(alloc)
                 return  # it waits for pages, and the requests behind it wait too (first come, first served)
             self.pool.record(alloc)
             self._waiting.popleft()
+            if run is None:
+                run = _Running(request, position=request.prompt_tokens, age=next(self._ages))
+            else:
+                del self._resumed[request.id]
+            run.prefilled, run.pages = alloc.cached_tokens, alloc
             r = free[0]
-            self._rows[r] = _Running(request, position=request.prompt_tokens, prefilled=alloc.cached_tokens, pages=alloc)
+            self._rows[r] = run
             self._order.append(r)
-
-    def _schedule_chunks(self, finished, decode) -> StepPlan:
-        # The chunks planned last step have run (a failed one freed its slot): register their pages.
-        for run in self._rows:
-            if run is not None:
-                self.pool.commit(run.pages, run.request.prompt, run.prefilled)
-        plan = super()._schedule_chunks(finished, decode)
-        prefills = tuple(PrefillCall(tuple(replace(p, pages=self.table(p.row)) for p in call.rows)) for call in plan.prefills)
-        decode = plan.decode
-        if decode is not None:
-            decode = self._smallest(replace(decode, tables=tuple(self.table(r) for r in range(self.batch_size))))
-        return replace(plan, prefills=prefills, decode=decode)
 
     def _smallest(self, decode: DecodeBatch) -> DecodeBatch:
         """``decode`` (over every slot) as the smallest decode batch that holds its requests:

@@ -26,16 +26,26 @@ class PrefillRow:
     start: int
     end: int
     pages: tuple[int, ...] = ()  # paged cache: the sequence's page table (device page ids)
+    # A request resumed after a preemption (paged cache) prefills its prompt and the tokens it
+    # had fed back to decode; it already has its next token, so no chunk of it yields one.
+    resumed: tuple[int, ...] | None = None
+
+    @property
+    def sequence(self) -> list[int]:
+        """The tokens whose entries this request's prefill writes at positions 0, 1, ...: its
+        prompt, or for a resumed request its prompt and the tokens it had fed back."""
+        return self.request.prompt if self.resumed is None else list(self.resumed)
 
     @property
     def tokens(self) -> list[int]:
         """The token ids this prefill writes."""
-        return self.request.prompt[self.start : self.end]
+        return self.sequence[self.start : self.end]
 
     @property
     def last(self) -> bool:
-        """Whether this chunk ends the prompt (its logits give the first token)."""
-        return self.end == self.request.prompt_tokens
+        """Whether this chunk's logits give the request's first token: it ends the prompt (of a
+        request not resumed)."""
+        return self.resumed is None and self.end == self.request.prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -62,9 +72,9 @@ class DecodeBatch:
 class StepPlan:
     """What one step runs. ``finished``: events decided without the model (cancellations),
     to deliver first. ``prefills``: the calls, in order. ``decode``: the step for the rows
-    already generating, or None. ``preempted``: requests sent back to the queue to free their
-    cache (always empty today: the paged scheduler reserves a request's pages when it admits
-    it, so the pool never runs out mid-request)."""
+    already generating, or None. ``preempted``: requests sent back to the queue this step to
+    free their pages for older ones (paged cache; their events continue when they are resumed,
+    so the engine has nothing to deliver for them)."""
 
     finished: tuple[tuple[Request, Event], ...] = ()
     prefills: tuple[PrefillCall, ...] = ()

@@ -62,6 +62,13 @@ class _Running:
     prefilled: int = 0  # prompt tokens whose entries are written or planned (chunked prefill)
     outputs: list[int] = field(default_factory=list)  # every token generated, in order
     pages: object = None  # the paged scheduler's pages.Allocation of this request
+    resumed: list[int] | None = None  # paged: what a preempted request prefills again when resumed
+    age: int = 0  # paged: its admission order (the youngest is preempted first)
+
+    def sequence(self) -> list[int]:
+        """The tokens this request's prefill writes: its prompt, or once resumed after a
+        preemption its prompt and the tokens it had fed back to decode."""
+        return self.request.prompt if self.resumed is None else self.resumed
 
     def held(self) -> list[int]:
         """The tokens whose cache entries the row holds at positions 0, 1, ...: the prompt so far,
@@ -198,7 +205,9 @@ class Scheduler:
         return finished
 
     def _decode_batch(self) -> DecodeBatch | None:
-        live = [(r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None]
+        # Rows with a token to feed back and no prefill left (a resumed request has its token
+        # before its prefill is done).
+        live = [(r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None and r not in self._order]
         if not live:
             return None
         tokens, positions = [0] * self.batch_size, [0] * self.batch_size
@@ -271,11 +280,13 @@ class Scheduler:
             if budget == 0:
                 break
             run = self._rows[r]
-            end = min(run.request.prompt_tokens, run.prefilled + budget)
-            chunks.append(PrefillRow(run.request, r, run.prefilled, end))
+            length = len(run.sequence())
+            end = min(length, run.prefilled + budget)
+            resumed = None if run.resumed is None else tuple(run.resumed)
+            chunks.append(PrefillRow(run.request, r, run.prefilled, end, resumed=resumed))
             budget -= end - run.prefilled
             run.prefilled = end
-            if end == run.request.prompt_tokens:
+            if end == length:
                 self._order.remove(r)
         if decode is not None:
             decoding = {r for _, r in decode.requests}

@@ -1,6 +1,7 @@
 """The paged KV cache: the compiled paged functions against eager torch and the contiguous
 functions, and the engine over a pool of pages (results equal each request alone, prefix
-pages shared and bit-identical to a fresh prefill, requests waiting for pages, no page leaked)."""
+pages shared and bit-identical to a fresh prefill, requests waiting for pages or preempted
+when the pool runs out, no page leaked)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ def test_a_shared_prefix_is_prefilled_once_and_gives_the_same_answers(compiled, 
 
 
 def test_requests_wait_for_pages_and_a_request_larger_than_the_pool_is_refused(compiled, engines):
-    # A pool of 6 pages (24 positions): two requests of 3 pages each fit at once, a third waits.
+    # A pool of 6 pages (24 positions) for requests that grow to 3 pages each: some wait for
+    # pages (admission keeps a page of growth for each running request) or are preempted.
     engine = engines(paged=True, kv_pages=6)
     with pytest.raises(InputError, match=r"needs 7 KV-cache pages of 4 positions; the pool has 6"):
         engine.submit(PROMPTS[0], SamplingParams(max_tokens=25), Collect())
@@ -116,6 +118,28 @@ def test_requests_wait_for_pages_and_a_request_larger_than_the_pool_is_refused(c
         assert c.wait().ids == want
     stats = engine.stats()
     assert (stats.kv_pages, stats.kv_pages_used, stats.waiting, stats.running) == (6, 0, 0, 0)
+
+
+def test_a_pool_that_runs_out_preempts_the_youngest_and_every_answer_equals_the_request_alone(compiled, engines):
+    # 8 pages of 4 positions, 4 slots: prompts of 3-8 tokens admitted with 1-3 pages each, all
+    # growing to 6-7 pages (max_tokens 20), so the pool runs out while every slot decodes and
+    # the youngest requests are preempted, resumed later by prefilling prompt + fed-back tokens.
+    # All are submitted before the engine starts, so its steps, and the preemptions, are the same
+    # every run.
+    engine = engines(paged=True, kv_pages=8, chunk_tokens=5, start=False)
+    prompts = [PROMPTS[i] for i in (0, 1, 7, 5, 3)]
+    n = 20
+    wants = [greedy(compiled, p, n) for p in prompts]
+    collectors = [Collect() for _ in prompts]
+    for p, c in zip(prompts, collectors):
+        engine.submit(p, SamplingParams(max_tokens=n), c)
+    engine.start()
+    for p, c, w in zip(prompts, collectors, wants):
+        assert c.wait().reason == "length" and c.ids == w, p
+    stats = engine.stats()
+    assert stats.preemptions == 4
+    assert (stats.kv_pages_used, stats.waiting, stats.running) == (0, 0, 0)
+    engine._scheduler.pool.check()
 
 
 def test_a_failed_chunk_frees_its_pages_and_registers_none(compiled, engines):
@@ -216,12 +240,12 @@ def run_mixed(compiled, engines, seed: int, n: int, kv_pages: int) -> None:
 
 def test_a_mixed_load_over_a_small_pool_equals_each_request_alone(compiled, engines):
     # 12 pages of 4 for 4 slots: requests wait for pages and cached prefixes are evicted.
-    run_mixed(compiled, engines, seed=0, n=40, kv_pages=12)
+    run_mixed(compiled, engines, seed=0, n=40, kv_pages=8)
 
 
 @soak
 def test_soak_mixed_load_over_a_small_pool(compiled, engines):
-    run_mixed(compiled, engines, seed=1, n=200, kv_pages=10)
+    run_mixed(compiled, engines, seed=1, n=200, kv_pages=8)
 
 
 def test_kv_cache_gib_as_pages(compiled):

@@ -112,6 +112,7 @@ def _count_and_gauge(s: LiveServer, gated: Gated) -> None:
     # The paged cache: every page back, none held; the pool is BATCH rows' worth of pages.
     assert m["sharktank_kv_pages"] == BATCH * MAX_SEQ_LEN // PAGE and m["sharktank_kv_pages_used"] == 0
     assert m["sharktank_kv_pages_cached"] + m["sharktank_kv_pages_free"] == m["sharktank_kv_pages"]
+    assert m["sharktank_preemptions"] == 0  # the default pool holds every row at full length
     assert m["sharktank_prompt_tokens_total"] == sum(len(p) for p in prompts) == sum(a["usage"]["prompt_tokens"] for a in answers)
     assert m["sharktank_generation_tokens_total"] == 4 * 5
     assert m["sharktank_time_to_first_token_seconds_count"] == 4 and m["sharktank_inter_token_latency_seconds_count"] == 4 * 4
