@@ -1,9 +1,10 @@
 """The paged KV cache against the contiguous one (not a test; the benchmark rows of issue 30).
 
-    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3] [--sections prefix,capacity,decode,gaps]
+    python tools/bench_paged.py [--model ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf] [--work DIR] [--rounds 3]
+        [--sections prefix,capacity,decode,gaps] [--chunks off,256,64]
 
-Exports once into ``--work`` (default ``~/.cache/sharktank/bench_paged``; an export there is
-reused: delete it after changing sharktank): ``--model`` with batch sizes 1 and 8, a 2048-position cache and pages
+Exports into ``--work`` (default ``~/.cache/sharktank/bench_paged``; an export there is reused
+while the checkout's commit is the one that made it): ``--model`` with batch sizes 1 and 8, a 2048-position cache and pages
 of 16, and toy-llama with batch sizes 8 and 64, its 128-position cache and pages of 8 (both
 with the contiguous kinds ``prefill,decode,prefill_row,prefill_rows`` only). Then:
 
@@ -23,7 +24,7 @@ with the contiguous kinds ``prefill,decode,prefill_row,prefill_rows`` only). The
 4. **Gaps** (chunked prefill): 7 streams decoding in a batch-8 engine while a 1900-token prompt
    is admitted: the longest inter-token gap of the streams during its prefill over their median
    gap before it, with the contiguous cache prefilling the whole prompt in one call against the
-   paged cache with prefill chunks of 256 (serve's default) and 64 tokens.
+   paged cache with prefill chunks of 256 (serve's default) and 64 tokens (``--chunks``).
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ DRIVER = "local-sync"
 
 
 def export(work: Path, name: str, *args: str) -> Path:
+    """``sharktank export ARGS`` into ``work/name``, again whenever the checkout's commit is
+    another than the one that exported it (a stale artifact would time old code)."""
     out = work / name
-    if not (out / "manifest.json").exists():
-        print(f"exporting {name} (once; minutes)", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    made = out / "bench_commit.txt"
+    if not (out / "manifest.json").exists() or not made.exists() or made.read_text() != commit:
+        print(f"exporting {name} at {commit[:7] or 'an unknown commit'} (minutes)", flush=True)
         subprocess.run([sys.executable, "-m", "sharktank.cli", "export", *args, "--output-dir", str(out)], check=True, cwd=ROOT)
+        made.write_text(commit)
     return out
 
 
@@ -243,6 +249,8 @@ def main() -> int:
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "sharktank" / "bench_paged"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sections", default="prefix,capacity,decode,gaps", help="comma-separated sections to run (default prefix,capacity,decode,gaps)")
+    ap.add_argument("--chunks", default="off,256,64", help="section 4's prefill chunk budgets, comma-separated: off (the contiguous cache, "
+                    "whole prompts) or tokens per step over the paged cache (default off,256,64)")
     args = ap.parse_args()
     sections = {x.strip() for x in args.sections.split(",") if x.strip()}
     if not sections or sections - {"prefix", "capacity", "decode", "gaps"}:
@@ -260,7 +268,11 @@ def main() -> int:
     if "decode" in sections:
         decode_step(real, args.rounds)
     if "gaps" in sections:
-        gaps(real, args.rounds)
+        try:
+            chunks = tuple(None if c.strip() == "off" else int(c) for c in args.chunks.split(","))
+        except ValueError:
+            ap.error(f"--chunks takes off or token counts, comma-separated; found {args.chunks!r}")
+        gaps(real, args.rounds, chunks=chunks)
     return 0
 
 
