@@ -278,7 +278,7 @@ def export_ours(gguf: Path, artifact: Path, ctx: int, reuse: bool, dtype: str | 
         return
     args = [sys.executable, "-m", "sharktank.cli", "export", "--model", str(gguf), "--max-seq-len", str(ctx), "--output-dir", str(artifact)]
     if batch > 1:
-        args += ["--batch-sizes", f"1,{batch}", "--functions", "prefill,decode"]
+        args += ["--batch-sizes", f"1,{batch}", "--functions", "prefill,decode,prefill_chunk"]  # prefill_chunk_bs1: long prompts in chunks
     if dtype:
         args += ["--dtype", dtype]
     if exact_prompts:

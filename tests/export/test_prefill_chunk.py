@@ -126,3 +126,27 @@ def test_eager_rows_write_only_their_row():
     assert k[:2].abs().sum() == 0 and k[2, : len(PROMPT)].abs().sum() > 0 and k[2, len(PROMPT) :].abs().sum() == 0
     with pytest.raises(ValueError, match=r"rows must be \[B\] = \[1\] cache rows in \[0, 3\)"):
         model.forward(prompt[:, :2], torch.arange(2)[None], cache, window=2, rows=torch.tensor([3]))
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_equal_to_the_whole_prompt(artifact, monkeypatch):
+    """A batch-1 prefill longer than ``prefill_chunk_tokens`` runs as prefill_chunk_bs1 calls
+    (counted) whose logits, all or the last, and cache equal the one whole-prompt call's."""
+    _, _, compiled = artifact
+    tokens = torch.tensor([PROMPT * 2])  # 26 tokens
+    whole, whole_cache = compiled.prefill(tokens)  # 26 <= PREFILL_CHUNK: one call
+    whole_last, _ = compiled.prefill(tokens, logits="last")
+    calls = []
+    real = compiled.prefill_chunk
+    monkeypatch.setattr(compiled, "prefill_chunk", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(compiled, "prefill_chunk_tokens", 8)
+    got, cache = compiled.prefill(tokens)
+    assert calls == [(0, 8), (8, 16), (16, 24), (24, 26)]
+    assert got.shape == whole.shape == (1, 26, 64) and (got - whole).abs().max().item() <= 1e-5
+    last, _ = compiled.prefill(tokens, logits="last")
+    assert last.shape == (1, 1, 64) and (last - whole_last).abs().max().item() <= 1e-5
+    nxt = torch.tensor([int(whole[0, -1].argmax())])
+    a, _ = compiled.decode(nxt, cache, torch.tensor([26]))
+    b, _ = compiled.decode(nxt, whole_cache, torch.tensor([26]))
+    assert (a - b).abs().max().item() <= 1e-5
+    with pytest.raises(InputError, match="logits must be one of"):
+        compiled.prefill(tokens, logits="first")
