@@ -160,7 +160,8 @@ def add_parser(sub) -> None:
         "--functions", metavar="KINDS",
         help="comma-separated function kinds to export for each batch size, among prefill, decode, prefill_row, "
         "prefill_rows and prefill_chunk; prefill and decode are required (default: all the plan has; over several hosts "
-        "prefill, decode and prefill_row). Each kind adds compile time: `run` needs only prefill,decode; `serve` batches "
+        "prefill, decode and prefill_row). Each kind adds compile time: `run` needs only prefill,decode (with prefill_chunk "
+        "a prompt longer than 512 tokens is prefilled in chunks of 512, faster at long prompts); `serve` batches "
         "over prefill_row and prefill_rows (batches of several rows) or prefill_chunk (chunked prefill). --page-size adds the paged ones",
     )
     e.add_argument("--max-seq-len", dest="max_seq_len", type=int, help=f"KV-cache length (default: the model's context, at most {DEFAULT_MAX_SEQ_LEN}; refused when it and the "
