@@ -101,9 +101,9 @@ class PrefillDecode:
     """A batch-1 :meth:`prefill` of a longer prompt runs as chunks of this many tokens through
     ``prefill_chunk_bs1`` where the artifact has it (:data:`PREFILL_CHUNK`; set it on an
     instance to change it): each chunk attends over the entries before it only. The logits
-    equal the whole prompt's up to rounding (bit-identical for the real SmolLM2 at 2048
-    tokens), and a 2048-token prompt took 7.4-7.9 s in chunks of 256-512 against 10.5-11.9 s
-    whole (SmolLM2 Q4_1, 2 cores)."""
+    equal the whole prompt's up to rounding (the last logits were bit-identical for a Q8_0
+    SmolLM2 at 2048 tokens), and that prompt took 4.52 s in chunks of 512 against 6.04 s whole
+    (``tools/bench_long_prefill.py``, 2 cores)."""
 
     def _prefill_in_chunks(self, prompt: list[int], cache: list, logits: str) -> tuple[torch.Tensor, list]:
         n, outs = self.prefill_chunk_tokens, []
