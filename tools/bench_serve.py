@@ -1,7 +1,8 @@
 """Serving throughput, latency and the scheduler's overhead: `sharktank serve` under streaming clients.
 
     python tools/bench_serve.py ARTIFACT_DIR [--clients 1,4,8] [--requests 16] [--max-tokens 32]
-        [--burst 8] [--prompt-tokens 128] [--rounds 3] [--serve-option=--prefill-chunk=off ...] [--json FILE]
+        [--burst 8] [--prompt-tokens 128] [--rounds 3] [--serve-option=--prefill-chunk=off ...]
+        [--llamacpp FILE.gguf] [--json FILE]
 
 Starts ``sharktank serve ARTIFACT_DIR`` on 127.0.0.1 (a free port) in a subprocess, sends one
 warm-up request, then:
@@ -19,6 +20,13 @@ warm-up request, then:
    machine is shared, so only a ratio within one run means anything). Target (issue 30): TTFT
    p99 <= 1.25x that sum.
 
+3. **llama.cpp's server** (``--llamacpp FILE.gguf``, the GGUF the artifact was exported from):
+   ``python -m llama_cpp.server`` of llama-cpp-python (built as ``tools/bench_llamacpp.py``
+   says, into ``~/.cache/sharktank/llamacpp``, with its server's packages beside it), 2 threads,
+   on 127.0.0.1 after ours has stopped, under the same levels. Its 0.3.36 server has no
+   parallel slots (it computes one request at a time), so its rows show what a user of it gets;
+   its tokens are counted as the streamed chunks carrying text.
+
 Every request and the server's start are bounded by timeouts; the server is stopped on exit,
 also on failure. The artifact should export the burst's batch size (``--batch-sizes 1,8``).
 """
@@ -30,6 +38,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -71,12 +80,58 @@ def served_process(artifact: str, *options: str, start_timeout: float = 180):
             p.wait(5)
 
 
+LLAMACPP = Path.home() / ".cache" / "sharktank" / "llamacpp"
+
+
+@contextmanager
+def llamacpp_served(gguf: str, ctx: int, start_timeout: float = 180):
+    """The base URL of llama-cpp-python's server of ``gguf`` on 127.0.0.1 (a free port), ready
+    when ``/v1/models`` answers; stopped on exit."""
+    import os
+    import socket
+
+    if not (LLAMACPP / "llama_cpp" / "server").is_dir():
+        raise SystemExit(f"llama-cpp-python's server is not in {LLAMACPP} (see tools/bench_llamacpp.py, then pip install "
+                         "--target it sse-starlette starlette-context pydantic-settings python-dotenv)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(LLAMACPP))
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
+           "--n_ctx", str(ctx), "--n_threads", "2", "--n_threads_batch", "2",
+           "--interrupt_requests", "False"]  # by default a new request cancels the one streaming
+    log = tempfile.TemporaryFile("w+")  # llama.cpp logs much to stderr: a pipe nobody read would block it
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if p.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"llama.cpp's server did not become ready (exit {p.poll()}): {log.read()[-2000:]}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        log.close()
+
+
 async def one_request(http: httpx.AsyncClient, url: str, model: str, prompt: str | list[int], max_tokens: int) -> tuple[float, int]:
     """(seconds to the first token, completion tokens) of one streamed greedy completion."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
     t0 = time.perf_counter()
-    first, tokens = None, None
+    first, tokens, chunks = None, None, 0
     async with http.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise SystemExit(f"request failed ({r.status_code}): {(await r.aread()).decode()[:500]}")
@@ -88,9 +143,10 @@ async def one_request(http: httpx.AsyncClient, url: str, model: str, prompt: str
                 raise SystemExit(f"the server reported an error: {chunk['error']}")
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif first is None and chunk["choices"][0].get("token_ids"):
-                first = time.perf_counter() - t0
-    return first, tokens
+            elif chunk.get("choices") and (chunk["choices"][0].get("token_ids") or chunk["choices"][0].get("text")):
+                first = time.perf_counter() - t0 if first is None else first
+                chunks += 1
+    return first, tokens if tokens is not None else chunks  # a server without usage chunks: one token a chunk
 
 
 async def level(url: str, model: str, clients: int, requests: int, max_tokens: int) -> dict:
@@ -204,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=128, help="tokens per burst prompt (default 128)")
     ap.add_argument("--rounds", type=int, default=3, help="burst rounds, alternating with the back-to-back side (default 3)")
     ap.add_argument("--serve-option", dest="serve_options", action="append", default=[], help="an option for `sharktank serve` (repeatable), e.g. --serve-option=--prefill-chunk=off")
+    ap.add_argument("--llamacpp", metavar="GGUF", help="also run the levels against llama-cpp-python's server of this GGUF file (section 3)")
     ap.add_argument("--json", help="also write the rows and targets to this file")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",") if c.strip()]
@@ -215,9 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         rows = [asyncio.run(level(url, model, c, max(args.requests, c), args.max_tokens)) for c in counts]
         if args.burst:
             bursts = burst(url, model, args.artifact, args.burst, args.prompt_tokens, args.rounds)
+    theirs = []
+    if args.llamacpp:
+        from sharktank.runtime.compiled import read_manifest
+
+        ctx = min(f.max_seq_len for f in read_manifest(args.artifact).functions.values())
+        with llamacpp_served(args.llamacpp, ctx) as url:
+            model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+            asyncio.run(level(url, model, 1, 1, args.max_tokens))  # warm-up
+            theirs = [asyncio.run(level(url, model, c, max(args.requests, c), args.max_tokens)) for c in counts]
     checks = targets(rows)
     if rows:
         print(table(rows))
+    if theirs:
+        print("llama.cpp's server (llama-cpp-python, one request at a time):")
+        print(table(theirs))
+        print("ours / llama.cpp, tokens/s: " + ", ".join(f"{a['clients']} clients {a['tokens_per_s'] / b['tokens_per_s']:.2f}x" for a, b in zip(rows, theirs)))
     if bursts:
         print(burst_table(bursts))
         r = percentile(bursts["ratio"], 50)
@@ -226,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in checks:
         print(f"{t['target']}: {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "burst": bursts, "targets": checks}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "burst": bursts, "targets": checks, "llamacpp_rows": theirs}, indent=1))
     return 0
 
 
