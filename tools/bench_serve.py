@@ -57,6 +57,16 @@ def served(artifact: str, *options: str, start_timeout: float = 180):
         yield url
 
 
+def _stop(p: subprocess.Popen) -> None:
+    """Terminate ``p``, killed if it has not exited within 15 s."""
+    p.terminate()
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
 @contextmanager
 def served_process(artifact: str, *options: str, start_timeout: float = 180):
     """``(base URL, process)`` of :func:`served`'s server."""
@@ -72,12 +82,7 @@ def served_process(artifact: str, *options: str, start_timeout: float = 180):
             time.sleep(0.05)
         yield next(line for line in lines if " at http://" in line).split(" at ")[1].split("/v1")[0], p
     finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        _stop(p)
 
 
 LLAMACPP = Path.home() / ".cache" / "sharktank" / "llamacpp"
@@ -117,12 +122,7 @@ def llamacpp_served(gguf: str, ctx: int, start_timeout: float = 180):
             time.sleep(0.2)
         yield url
     finally:
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        _stop(p)
         log.close()
 
 

@@ -111,13 +111,9 @@ class PagedScheduler(Scheduler):
         """Give every decoding request the pages its next write needs, oldest first, preempting
         the youngest running request while the pool cannot; returns the preempted requests."""
         preempted: list[Request] = []
-        decoding = sorted(
-            ((r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None and r not in self._order),
-            key=lambda item: item[1].age,
-        )
-        for r, run in decoding:
+        for r, run in sorted(self._decoding(), key=lambda item: item[1].age):
             while self._rows[r] is run and not self.pool.extend(run.pages, run.position + 1):
-                victim = max((r for r, q in enumerate(self._rows) if q is not None), key=lambda r: self._rows[r].age)
+                victim = max((i for i, q in enumerate(self._rows) if q is not None), key=lambda i: self._rows[i].age)
                 preempted.append(self._rows[victim].request)
                 self._preempt(victim)
         return preempted

@@ -204,10 +204,13 @@ class Scheduler:
             finished.append((q, Event(None, FinishReason.CANCELLED)))
         return finished
 
+    def _decoding(self) -> list[tuple[int, _Running]]:
+        """The rows with a token to feed back and no prefill left (a resumed request has its
+        token before its prefill is done)."""
+        return [(r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None and r not in self._order]
+
     def _decode_batch(self) -> DecodeBatch | None:
-        # Rows with a token to feed back and no prefill left (a resumed request has its token
-        # before its prefill is done).
-        live = [(r, run) for r, run in enumerate(self._rows) if run is not None and run.last is not None and r not in self._order]
+        live = self._decoding()
         if not live:
             return None
         tokens, positions = [0] * self.batch_size, [0] * self.batch_size
