@@ -9,12 +9,17 @@ tp1 with a 512-entry cache. This dispatch has one workgroup per sequence and KV 
 walks the cache in chunks of :data:`CHUNK` entries and skips a chunk whose mask is all
 false (for a causal mask, every chunk past the position), so a step reads the entries it
 attends to, as stored (bfloat16, float16 or float32). Per chunk, for each of the KV head's
-``g`` query heads: the 16 scores (``scale * q . k``, float32), their maximum, the running
+``g`` query heads: the 16 scores (``scale * q . k``, float32; for a head dim that is a
+multiple of 16, each product folded to 16 lanes and the 16 folds summed lane-wise in four
+rounds of shuffles, :func:`_push`, rather than 16 horizontal reductions), their maximum, the running
 maximum's correction of the sums so far (``exp(old - new)``, one per chunk), the 16 weights
 ``exp(score - max)`` (0 where the mask is false), and the weighted values added into a
 float32 accumulator of ``head_dim`` lanes (a masked entry's values taken as 0: what a masked
 entry holds never reaches the result, not even a NaN). The result is the accumulator over the weights'
-sum: a softmax computed online, equal to the torch form up to float32 rounding.
+sum: a softmax computed online, equal to the torch form up to float32 rounding. While it
+reads a chunk it prefetches the next chunk's rows (:func:`_chunk`): a cache larger than the
+CPU's caches is read from memory at a chunk's distance ahead, which no hardware prefetcher
+does for pages that lie anywhere.
 
 The paged variant (:func:`paged_module_asm`, what export takes for
 :func:`sharktank.ops.paged_attention`) walks the same chunks with the same body over pools of
@@ -30,7 +35,7 @@ import struct
 from typing import Callable
 
 from .frame import Operand, executable
-from .mlir import Emitter, Value, vector
+from .mlir import Emitter, Value, lanes_of, vector
 
 __all__ = ["CHUNK", "function_name", "module_asm", "paged_function_name", "paged_module_asm"]
 
@@ -59,21 +64,78 @@ entries from ``chunk`` on, for sequence ``seq`` and KV head ``head`` (emitted in
 branch: only an active chunk computes them)."""
 
 
-def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], queries: list[Value], state: list[Value], live: Value, e: int, kv_elem: str) -> list[Value]:
+_LINE_BYTES = 64  # a cache line: one prefetch each
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def _prefetch_row(em: Emitter, mem: Value, row: list[Value], e: int, kv_elem: str) -> None:
+    """A prefetch of each cache line of the ``e`` values at ``row`` (its last index: 0) of ``mem``."""
+    for lane in range(0, e, _LINE_BYTES // _BYTES[kv_elem]):
+        em.prefetch(mem, row[:-1] + [em.const(lane)])
+
+
+_LANES = 16  # float32 lanes of the products a score is folded to (one AVX-512 register)
+assert _LANES == CHUNK, "_push pairs one chunk's 16 folded products into one vector of 16 scores"
+
+
+def _fold(em: Emitter, q: Value, key: Value) -> Value:
+    """``q * key`` (vector<e x f32>, e a multiple of 16) folded to 16 lanes: lane i holds the
+    sum of the products at i, i + 16, ... (a multiply, then a fused multiply-add per part)."""
+    e = lanes_of(q.type)
+    parts = [(em.slice(q, o, _LANES, "qp"), em.slice(key, o, _LANES, "kp")) for o in range(0, e, _LANES)]
+    acc = em.binary("arith.mulf", *parts[0], "p")
+    for qp, kp in parts[1:]:
+        acc = em.fma(qp, kp, acc, "p")
+    return acc
+
+
+def _pair(em: Emitter, a: Value, b: Value, width: int) -> Value:
+    """One round of :func:`_push`'s pairing: ``a`` and ``b`` hold ``16 / (2 * width)`` rows of
+    ``2 * width`` partial sums each; the result, a's rows then b's, ``width`` each (the first
+    and the second ``width`` of each row's partial sums added)."""
+    low = [r * 2 * width + i for r in range(CHUNK // (2 * width)) for i in range(width)]
+    lo = low + [CHUNK + x for x in low]
+    hi = [x + width for x in lo]
+    return em.binary("arith.addf", em.shuffle(a, b, lo, "tl"), em.shuffle(a, b, hi, "th"), "ts")
+
+
+def _push(em: Emitter, stack: list[tuple[Value, int]], row: Value) -> None:
+    """Adds the next of 16 vector<16xf32> ``row`` to ``stack``, a binary counter of pairings:
+    two entries of one round pair up as soon as both exist (so at most five stay live), and
+    after the 16th the one entry left is the rows' lane sums in order (lane i: the sum of
+    row i's lanes)."""
+    stack.append((row, 0))
+    while len(stack) > 1 and stack[-1][1] == stack[-2][1]:
+        (b, level), (a, _) = stack.pop(), stack.pop()
+        stack.append((_pair(em, a, b, CHUNK // 2 >> level), level + 1))
+
+
+def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], ahead: list[list[Value]], queries: list[Value], state: list[Value], live: Value, e: int,
+           kv_elem: str) -> list[Value]:
     """An active chunk, its entries' rows of ``k`` and ``v`` at ``rows``: from the running
-    maxima, sums and accumulators ``state`` (g of each) to the next ones."""
+    maxima, sums and accumulators ``state`` (g of each) to the next ones. The rows ``ahead``
+    (the next chunk's) are prefetched along the way, one row of K before each row of K is
+    read and one of V before each of V, so that the next chunk's reads find them in cache
+    (the chunks of a paged cache lie anywhere in memory: no hardware prefetcher guesses them)."""
     g = len(queries)
     ve, v16 = vector(e, "f32"), vector(CHUNK, "f32")
     m, l, a = state[:g], state[g : 2 * g], state[2 * g :]
-    scores = [[None] * CHUNK for _ in range(g)]
+    scores = [[None] * CHUNK for _ in range(g)]  # the scalar scores (e not a multiple of 16)
+    stacks = [[] for _ in range(g)]  # the pairings of _push (e a multiple of 16)
+    tree = e % _LANES == 0
     for tt in range(CHUNK):
+        _prefetch_row(em, k, ahead[tt], e, kv_elem)
         key = _load_row(em, k, rows[tt], e, kv_elem)
         for j in range(g):
-            scores[j][tt] = em.reduction("add", em.binary("arith.mulf", queries[j], key, "p"), "s")
+            if tree:
+                _push(em, stacks[j], _fold(em, queries[j], key))
+            else:
+                scores[j][tt] = em.reduction("add", em.binary("arith.mulf", queries[j], key, "p"), "s")
     ninf16, zero_e = em.const(float("-inf"), v16), em.const(0.0, ve)
     new_m, new_l, weights, acc = [], [], [], []
     for j in range(g):
-        masked = em.select(live, em.from_elements(scores[j], "sv"), ninf16, "sm")
+        row = stacks[j][0][0] if tree else em.from_elements(scores[j], "sv")
+        masked = em.select(live, row, ninf16, "sm")
         top = em.binary("arith.maximumf", m[j], em.reduction("maximumf", masked, "mc"), "mn")
         correction = em.unary("math.exp", em.binary("arith.subf", m[j], top, "dm"), "cr")  # 0 while the running maximum is -inf
         w = em.unary("math.exp", em.binary("arith.subf", masked, em.broadcast(top, v16), "ds"), "w")  # 0 where masked
@@ -83,6 +145,7 @@ def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], queries: li
         weights.append(w)
         acc.append(em.binary("arith.mulf", a[j], em.broadcast(correction, ve), "ac"))
     for tt in range(CHUNK):
+        _prefetch_row(em, v, ahead[tt], e, kv_elem)
         value = _load_row(em, v, rows[tt], e, kv_elem)
         # A masked entry's values count 0 whatever they are (0 * NaN would be NaN).
         value = em.select(em.extract(live, tt, "lv"), value, zero_e, "vz")
@@ -110,7 +173,12 @@ def _walk(em: Emitter, wg: Value, q: Value, k: Value, v: Value, mask: Value, out
     def step(chunk: Value, state: list[Value]) -> list[Value]:
         live = em.cmp("arith.cmpi", "ne", em.load(mask, [seq, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
         any_live = em.reduction("or", live, "any")
-        return em.if_(any_live, lambda: _chunk(em, k, v, rows(chunk, seq, head), queries, state, live, e, kv_elem), lambda: state, [s.type for s in state])
+        def active() -> list[Value]:
+            # The next chunk's rows (the last chunk's own at the end), for the prefetches.
+            ahead = em.binary("arith.minui", em.binary("arith.addi", chunk, c(CHUNK), "nx"), c(t - CHUNK), "nx")
+            return _chunk(em, k, v, rows(chunk, seq, head), rows(ahead, seq, head), queries, state, live, e, kv_elem)
+
+        return em.if_(any_live, active, lambda: state, [s.type for s in state])
 
     state = em.for_(c(0), c(t), c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
     for j in range(g):
