@@ -11,18 +11,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from reltools import build_once, build_toy, shared_dir  # noqa: E402
+from reltools import shared_toy  # noqa: E402
 from summary import pytest_terminal_summary  # noqa: E402,F401  (the figures section)
-
-# 8 prompt tokens + 64 decode steps fit; the soak builds its own 1040-long one.
-TOY_MAX_SEQ_LEN = 80
 
 
 @pytest.fixture(scope="session")
 def toy_artifact(tmp_path_factory):
-    """Compiled toy-llama, tp=1, batch 1, KV cache of TOY_MAX_SEQ_LEN. Treat it as read-only:
-    tests that damage an artifact work on a copy."""
-    return build_once(shared_dir(tmp_path_factory), "toy", lambda out: build_toy(out, TOY_MAX_SEQ_LEN))
+    """Compiled toy-llama, tp=1, batch 1, KV cache of TOY_MAX_SEQ_LEN (reltools.shared_toy).
+    Treat it as read-only: tests that damage an artifact work on a copy."""
+    return shared_toy(tmp_path_factory)
 
 
 def pytest_configure(config):

@@ -30,7 +30,7 @@ def soak(test):
 
 
 __all__ = [
-    "ROOT", "SOAK", "soak", "shared_dir", "build_once", "build_toy", "save_small_model",
+    "ROOT", "SOAK", "soak", "shared_dir", "build_once", "build_toy", "TOY_MAX_SEQ_LEN", "shared_toy", "save_small_model",
     "KillResult", "run_and_kill", "artifact_state", "tree_digest", "judge_after_kill", "rss_bytes",
 ]
 
@@ -73,6 +73,17 @@ def build_toy(out: Path, max_seq_len: int, compile: bool = True) -> None:
 
     export_artifact(load_model("toy-llama"), out, source="toy-llama", batch_sizes=(1,), max_seq_len=max_seq_len, compile=compile,
                     functions=("prefill", "decode"))
+
+
+# 8 prompt tokens + 64 decode steps fit; the soak builds its own 1040-long one.
+TOY_MAX_SEQ_LEN = 80
+
+
+def shared_toy(tmp_path_factory) -> Path:
+    """The :func:`build_toy` artifact with a cache of TOY_MAX_SEQ_LEN, built once per run for
+    every test that reads it (the reliability tests, test_text_cli). Treat it as read-only:
+    tests that damage an artifact work on a copy."""
+    return build_once(shared_dir(tmp_path_factory), "toy", lambda out: build_toy(out, TOY_MAX_SEQ_LEN))
 
 
 def save_small_model(path: Path, num_layers: int = 1):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reliability.reltools import TOY_MAX_SEQ_LEN, shared_toy
 from sharktank.cli import main
 from sharktank.text import HFTokenizer, TokenizerError, load_tokenizer
 from sharktank.text.tokenizer import export_tokenizer
@@ -28,9 +29,9 @@ def sharktank(capsys, *args, check=True):
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    out = tmp_path_factory.mktemp("text") / "toy"
-    assert main(["export", "--model", "toy-llama", "--tp", "1", "--max-seq-len", "32", "--functions", "prefill,decode", "--output-dir", str(out), "--json"]) == 0
-    return out
+    """The compiled toy-llama (tp 1, batch 1, prefill and decode, the byte tokenizer) that the
+    reliability tests read too, built once per run; a cache of TOY_MAX_SEQ_LEN."""
+    return shared_toy(tmp_path_factory)
 
 
 def test_prompt_generates_the_greedy_ids_of_its_bytes(toy, capsys):
@@ -51,7 +52,8 @@ def test_prompt_generates_the_greedy_ids_of_its_bytes(toy, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--max-new-tokens", "31"), "the prompt's 2 tokens + --max-new-tokens 31 exceed the exported cache length 32"),
+        (("--max-new-tokens", str(TOY_MAX_SEQ_LEN - 1)),
+         f"the prompt's 2 tokens + --max-new-tokens {TOY_MAX_SEQ_LEN - 1} exceed the exported cache length {TOY_MAX_SEQ_LEN}"),
         (("--temperature", "-1"), "temperature must be a number in [0, 100], found -1.0"),
         (("--chat",), "this tokenizer (bytes) has no chat template"),
     ],
