@@ -245,14 +245,15 @@ def trace_program(
     program calls :mod:`sharktank.export.kernels`' CPU dispatches where one applies (a
     CPU-only module: ``export_artifact`` sets it for the ``cpu`` target, see
     :func:`~sharktank.export.kernels.kernels_for`): products with quantized weights, and a
-    decode step's attention over the cache or the page pool."""
+    decode step's attention over the cache or the page pool, and a prompt chunk's over the
+    page pool."""
     from iree.turbine.aot.decompositions import extend_aot_decompositions
 
     products, attention, paged = None, None, None
     if cpu_kernels is not None:
-        from .kernels import BlockProducts, decode_attention, paged_decode_attention
+        from .kernels import BlockProducts, decode_attention, paged_attention
 
-        products, attention, paged = BlockProducts(cpu_kernels), decode_attention, paged_decode_attention
+        products, attention, paged = BlockProducts(cpu_kernels), decode_attention, paged_attention
 
     # No extra decompositions: the IREE importer takes these graphs as traced, and
     # turbine's default table re-traces every program (about half the export time).

@@ -13,10 +13,10 @@ int64) is each row's page table: its position ``p`` lives in page ``pages[b, p /
 at slot ``p % page_size``. Writes scatter into the flattened pool; a row attends over its
 ``Wp`` pages in order (``Wp * page_size`` entries, masked causally as above) with
 :func:`sharktank.ops.paged_attention`, so the contiguous cache is the page table ``pages[b] =
-b * T / page_size + arange(T / page_size)``. Eagerly (and traced for a prompt) that op
-gathers the pages before attending; a traced decode step on the CPU target reads the pool
-through the table instead, only the chunks of entries its mask keeps
-(:func:`sharktank.export.kernels.paged_decode_attention`).
+b * T / page_size + arange(T / page_size)``. Eagerly (and traced for other targets) that op
+gathers the pages before attending; traced for the CPU target, a decode step and a prompt
+chunk read the pool through the table instead, only the chunks of entries each token's mask
+keeps (:func:`sharktank.export.kernels.paged_attention`).
 """
 
 from __future__ import annotations

@@ -175,9 +175,10 @@ def attention_kernels(kernel: AttentionKernel | None, paged: PagedAttentionKerne
     attention over the gathered pages is then offered to ``kernel``.
 
     Export passes :func:`sharktank.export.kernels.decode_attention` and
-    :func:`~sharktank.export.kernels.paged_decode_attention` for the CPU target: one dispatch
+    :func:`~sharktank.export.kernels.paged_attention` for the CPU target: one dispatch
     for a decode step's attention over the cache (or through the page table into the pool),
-    reading only the entries the mask keeps. ``None`` turns them off."""
+    and one for a prompt chunk's through the page table, reading only the entries the mask
+    keeps. ``None`` turns them off."""
     return _kernels(kernel, paged)
 
 

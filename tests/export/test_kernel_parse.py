@@ -122,6 +122,16 @@ def test_paged_decode_attention_parses(context, n, m, h, kvh):
     _parse(context, text)
 
 
+@pytest.mark.parametrize("n, m", [(4, 12), (12, 4), (16, 3)])
+@pytest.mark.parametrize("e", [64, 8, 24])  # folded scores (a multiple of 16) and scalar ones
+def test_paged_prefill_attention_parses(context, n, m, e):
+    text = attention.paged_prefill_module_asm(2, 8, m, n, 2, e, "bf16", "f32", 0.125)
+    assert f"memref<?x{n}x2x{e}xf32" in text and f"tensor<?x8x{e}xbf16>" in text  # pools and rows: dynamic
+    _names_are_generated(text)
+    _parse(context, text)
+    assert kernels_in(text) == ["paged_prefill_attention"]
+
+
 def test_the_parse_catches_a_name_defined_twice(context):
     # What the matrix relies on: the parser rejects a clash (and the emitter never makes one).
     clash = "func.func @f() {\n  %a = arith.constant 0 : index\n  %a = arith.constant 1 : index\n  return\n}"

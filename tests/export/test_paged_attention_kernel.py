@@ -86,13 +86,19 @@ def _reference(q, k_pool, v_pool, pages, mask, scale: float) -> torch.Tensor:
 
 
 class _Program(torch.nn.Module):
+    """Every case with every mask through ``op`` (the paged prefill test's program too)."""
+
+    def __init__(self, op=sharktank_paged_decode_attention):
+        super().__init__()
+        self.op = op
+
     def forward(self, *args):
         out = []
         for i, (n, h, kvh, kv, qd) in enumerate(CASES):
             q, k, v, pages = args[4 * i : 4 * i + 4]
             for mask in args[4 * len(CASES) :]:
                 # float32 inputs (the runtime's numpy side has no bfloat16): cast here.
-                out.append(sharktank_paged_decode_attention(q.to(qd), k.to(kv), v.to(kv), pages, mask, SCALE).float())
+                out.append(self.op(q.to(qd), k.to(kv), v.to(kv), pages, mask, SCALE).float())
         return tuple(out)
 
 

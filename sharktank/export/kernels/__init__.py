@@ -1,6 +1,8 @@
-"""Hand-written CPU dispatches (export for ``cpu``): products with quantized weights, and a
+"""Hand-written CPU dispatches (export for ``cpu``): products with quantized weights, a
 decode step's attention over a cache (:func:`decode_attention`) or through a page table into
-a pool of pages (:func:`paged_decode_attention`), both :mod:`.attention`.
+a pool of pages (:func:`paged_decode_attention`), and a prompt chunk's through the page table
+(:func:`paged_prefill_attention`; :func:`paged_attention` picks one of the two), all
+:mod:`.attention`.
 
 :func:`block_product` is the kernel :func:`sharktank.ops.block_kernels` takes: a traced
 ``x @ w.T`` with a weight of a layout in :data:`.registry.KERNELS` (or a plain float16
@@ -26,11 +28,12 @@ from . import isa
 from .block_kernel import BlockKernel
 from .registry import KERNELS, LAYOUTS
 
-__all__ = ["block_product", "kernel_of", "prefill_product", "prefill_weights", "BlockProducts", "CpuKernels", "decode_attention", "paged_decode_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
+__all__ = ["block_product", "kernel_of", "prefill_product", "prefill_weights", "BlockProducts", "CpuKernels", "decode_attention", "paged_attention", "paged_decode_attention", "paged_prefill_attention", "kernels_for", "kernels_in", "KERNELS", "LAYOUTS", "INTEGER_DOT", "BF16_DOT"]
 
 _ATTENTION_PREFIXES = {  # kernels_in's name -> the prefix of its function names (attention's)
     "decode_attention": "@sharktank_decode_attention_",
     "paged_decode_attention": "@sharktank_paged_decode_attention_",
+    "paged_prefill_attention": "@sharktank_paged_prefill_attention_",
 }
 
 
@@ -235,6 +238,51 @@ def paged_decode_attention(
     return sharktank_paged_decode_attention(q.reshape(b, h, e), k_pool, v_pool, pages, live, float(scale)).reshape(b, h, 1, e)
 
 
+def paged_prefill_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor | None:
+    """Traced attention of a prompt chunk (``q`` ``[B, H, L, E]``, L symbolic or above 1) over
+    each row's pages of the pools ``k_pool``, ``v_pool`` ``[P, N, KVH, E]`` through the int64
+    page table ``pages`` ``[B, M]``, with a boolean ``mask`` ``[B or 1, 1, L, M * N]`` (what
+    each token attends: :func:`sharktank.layers.attention.causal_mask`) or None, as one
+    dispatch reading the pool in place, each token's row of the mask walked as a decode step
+    walks its own (:func:`.attention.paged_prefill_module_asm`). None where it does not apply:
+    as :func:`paged_decode_attention`, or a mask of another form (per head, additive)."""
+    from .attention import CHUNK
+    from .custom_op import ELEMENT_TYPES, sharktank_paged_prefill_attention
+
+    if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
+        return None
+    (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
+    if not all(isinstance(d, int) for d in (b, h, e, *k_pool.shape[1:], *v_pool.shape[1:], pb, m)) or l == 1:
+        return None
+    if pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh or m * n % CHUNK:
+        return None
+    if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
+        return None
+    t = m * n
+    if mask is None:
+        live = torch.ones(b * l, t, dtype=torch.int8)
+    elif mask.dtype == torch.bool and mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b) and mask.shape[3] == t:
+        live = mask[:, 0].expand(b, l, t).flatten(0, 1).to(torch.int8)
+    else:
+        return None
+    rows = q.transpose(1, 2).flatten(0, 1)  # [B * L, H, E]: sequence s's tokens are rows s * L ...
+    out = sharktank_paged_prefill_attention(rows, k_pool, v_pool, pages, live, float(scale))
+    return out.unflatten(0, (b, l)).transpose(1, 2)
+
+
+def paged_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor | None:
+    """The paged kernel :func:`sharktank.ops.attention_kernels` takes for the CPU target:
+    :func:`paged_decode_attention` for one query per sequence, :func:`paged_prefill_attention`
+    for a prompt chunk."""
+    if q.ndim == 4 and isinstance(q.shape[2], int) and q.shape[2] == 1:
+        return paged_decode_attention(q, k_pool, v_pool, pages, mask, scale)
+    return paged_prefill_attention(q, k_pool, v_pool, pages, mask, scale)
+
+
 # Rows of x up to which a traced product takes the decode kernels (block_product): the
 # exported decode batches. More rows, or a symbolic number (a prompt), take prefill_product.
 DECODE_ROWS = 8
@@ -284,7 +332,7 @@ def kernels_in(mlir: str) -> list[str]:
     """The hand-written dispatches an exported module calls (the manifest's ``cpu_kernels``):
     the registered layouts of its decode products (lower case, e.g. ``q8_0``), of its prompt
     products (``q8_0_prefill``; ``f16`` and ``f16_prefill`` for plain float16 weights),
-    ``decode_attention`` and ``paged_decode_attention``."""
+    ``decode_attention``, ``paged_decode_attention`` and ``paged_prefill_attention``."""
     from . import prefill
     from .registry import PREFILLS
 

@@ -27,6 +27,16 @@ pages (``[P, N, KVH, E]``, P dynamic) instead of a cache: entry ``t`` of a seque
 slot ``t % N`` of page ``pages[seq, t // N]``, the table read once per page a live chunk
 touches, so a decode step reads the live entries in place where the torch form gathers all
 of each row's pages first. Only where a key or value row is read differs (:data:`Rows`).
+
+The paged prefill variant (:func:`paged_prefill_module_asm`, what export takes for a prompt
+chunk's :func:`sharktank.ops.paged_attention`) runs the same walk for each token of the chunk
+as a query row of its own, over its sequence's pages and its own row of the (causal) mask:
+``kvh * GROUPS`` workgroups, each a KV head and every :data:`GROUPS`-th row, the rows' count
+dynamic. A row reads its sequence's live entries once more per token, which the CPU's caches
+serve (a chunk's rows read the same pages); the torch form it replaces gathered every page of
+the table and computed the masked products over all of them (SmolLM2's attention shape, 30
+layers, a float32 pool: 16 tokens at position 1856 in 35 ms against 413 ms, 256 tokens at
+1600 in 356 ms against 6.2 s).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from typing import Callable
 from .frame import Operand, executable
 from .mlir import Emitter, Value, lanes_of, vector
 
-__all__ = ["CHUNK", "function_name", "module_asm", "paged_function_name", "paged_module_asm"]
+__all__ = ["CHUNK", "GROUPS", "function_name", "module_asm", "paged_function_name", "paged_module_asm", "paged_prefill_function_name", "paged_prefill_module_asm"]
 
 CHUNK = 16  # cache entries per step of the walk (the mask of one chunk: one 16-byte load)
 _FLOATS = ("f32", "bf16", "f16")
@@ -155,23 +165,22 @@ def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], ahead: list
     return new_m + new_l + acc
 
 
-def _walk(em: Emitter, wg: Value, q: Value, k: Value, v: Value, mask: Value, out: Value, *, h: int, kvh: int, t: int, e: int, q_elem: str, kv_elem: str,
-          scale: float, rows: Rows) -> None:
-    """The body both dispatches share: workgroup ``wg``'s sequence and KV head, its ``g``
-    query heads' online softmax over the ``t`` entries of ``mask`` chunk by chunk (a chunk
-    whose mask is all false skipped), K and V rows where ``rows`` says, the result stored."""
+def _walk(em: Emitter, row: Value, seq: Value, head: Value, q: Value, k: Value, v: Value, mask: Value, out: Value, *, h: int, kvh: int, t: int, e: int,
+          q_elem: str, kv_elem: str, scale: float, rows: Rows) -> None:
+    """The body every dispatch shares: for query row ``row`` (of ``q``, ``mask`` and ``out``)
+    of sequence ``seq`` and KV head ``head``, its ``g`` query heads' online softmax over the
+    ``t`` entries of ``mask`` chunk by chunk (a chunk whose mask is all false skipped), K and
+    V rows where ``rows`` says, the result stored."""
     g = h // kvh
     c, ve = em.const, vector(e, "f32")
-    seq = em.binary("arith.divui", wg, c(kvh), "b")
-    head = em.binary("arith.remui", wg, c(kvh), "h")
     h0 = em.binary("arith.muli", head, c(g), "h0")
     scale_v = em.broadcast(c(scale, "f32"), ve, "scale")
     heads = [em.binary("arith.addi", h0, c(j), "hq") for j in range(g)]
-    queries = [em.binary("arith.mulf", _load_row(em, q, [seq, hq, c(0)], e, q_elem), scale_v, "q") for hq in heads]
+    queries = [em.binary("arith.mulf", _load_row(em, q, [row, hq, c(0)], e, q_elem), scale_v, "q") for hq in heads]
     fz, ninf, zero_e = c(0.0, "f32"), c(float("-inf"), "f32"), c(0.0, ve)
 
     def step(chunk: Value, state: list[Value]) -> list[Value]:
-        live = em.cmp("arith.cmpi", "ne", em.load(mask, [seq, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
+        live = em.cmp("arith.cmpi", "ne", em.load(mask, [row, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
         any_live = em.reduction("or", live, "any")
         def active() -> list[Value]:
             # The next chunk's rows (the last chunk's own at the end), for the prefetches.
@@ -185,7 +194,12 @@ def _walk(em: Emitter, wg: Value, q: Value, k: Value, v: Value, mask: Value, out
         o = em.binary("arith.divf", state[2 * g + j], em.broadcast(state[g + j], ve, "l"), "o")
         if q_elem != "f32":
             o = em.cast("arith.truncf", o, vector(e, q_elem), "o")
-        em.store(o, out, [seq, heads[j], c(0)])
+        em.store(o, out, [row, heads[j], c(0)])
+
+
+def _sequence_and_head(em: Emitter, wg: Value, kvh: int) -> tuple[Value, Value]:
+    """A decode dispatch's workgroup ``wg``: its sequence (also its query row) and KV head."""
+    return em.binary("arith.divui", wg, em.const(kvh), "b"), em.binary("arith.remui", wg, em.const(kvh), "h")
 
 
 def _check(what: str, h: int, kvh: int, t: int, q_elem: str, kv_elem: str) -> None:
@@ -209,7 +223,8 @@ def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: s
         def rows(chunk: Value, seq: Value, head: Value) -> list[list[Value]]:
             return [[seq, em.binary("arith.addi", chunk, em.const(tt), "t"), head, em.const(0)] for tt in range(CHUNK)]
 
-        _walk(em, wg, *views, h=h, kvh=kvh, t=t, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
+        seq, head = _sequence_and_head(em, wg, kvh)
+        _walk(em, seq, seq, head, *views, h=h, kvh=kvh, t=t, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
 
     return executable(function_name(b, h, t, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)
 
@@ -243,6 +258,11 @@ def _page_rows(em: Emitter, pages: Value, last: Value, n: int) -> Rows:
     return rows
 
 
+def _last_page(em: Emitter, k: Value, v: Value) -> Value:
+    """The index of the last page both pools hold (a table entry past it reads this one)."""
+    return em.binary("arith.subi", em.binary("arith.minui", em.dim(k, 0), em.dim(v, 0), "pool"), em.const(1), "last")
+
+
 def paged_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
     """A module holding ``util.func @<paged_function_name>(q: tensor<b x h x e x q_elem>,
     k_pool, v_pool: tensor<? x n x kvh x e x kv_elem>, pages: tensor<b x m x i64>, mask:
@@ -256,7 +276,46 @@ def paged_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: s
 
     def body(em: Emitter, wg: Value, views: list[Value]) -> None:
         q, k, v, pages, mask, out = views
-        last = em.binary("arith.subi", em.binary("arith.minui", em.dim(k, 0), em.dim(v, 0), "pool"), em.const(1), "last")
-        _walk(em, wg, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=_page_rows(em, pages, last, n))
+        seq, head = _sequence_and_head(em, wg, kvh)
+        _walk(em, seq, seq, head, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale,
+              rows=_page_rows(em, pages, _last_page(em, k, v), n))
 
     return executable(paged_function_name(b, h, m, n, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)
+
+
+# Workgroups of the prefill dispatch per KV head: each takes every GROUPS-th query row.
+GROUPS = 4
+
+
+def paged_prefill_function_name(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+    return f"sharktank_paged_prefill_attention_{b}x{h}x{m}x{n}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
+
+
+def paged_prefill_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+    """A module holding ``util.func @<paged_prefill_function_name>(q: tensor<? x h x e x
+    q_elem>, k_pool, v_pool: tensor<? x n x kvh x e x kv_elem>, pages: tensor<b x m x i64>,
+    mask: tensor<? x m*n x i8>) -> tensor<? x h x e x q_elem>``: :func:`paged_module_asm`'s
+    attention for each of the R query rows of ``q`` (R dynamic, a multiple of ``b``: the
+    rows of sequence ``s`` are ``s * R / b`` to ``(s + 1) * R / b - 1``, a prompt chunk of
+    ``R / b`` tokens per sequence), row ``r`` attending the entries of its sequence's pages
+    that ``mask[r]`` keeps (a causal mask: those up to the row's position). ``kvh`` *
+    :data:`GROUPS` workgroups, one KV head each, taking every :data:`GROUPS`-th row."""
+    _check("paged prefill attention", h, kvh, m * n, q_elem, kv_elem)
+    q_op, pool = Operand("q", (None, h, e), q_elem), (None, n, kvh, e)
+    inputs = [q_op, Operand("k", pool, kv_elem), Operand("v", pool, kv_elem), Operand("pages", (b, m), "i64"), Operand("mask", (None, m * n), "i8")]
+
+    def body(em: Emitter, wg: Value, views: list[Value]) -> None:
+        q, k, v, pages, mask, out = views
+        c = em.const
+        group, head = em.binary("arith.divui", wg, c(kvh), "grp"), em.binary("arith.remui", wg, c(kvh), "h")
+        count = em.dim(q, 0, "rows")
+        per_seq = em.binary("arith.divui", count, c(b), "per")
+        rows = _page_rows(em, pages, _last_page(em, k, v), n)
+
+        def each(row: Value, _: list[Value]) -> None:
+            seq = em.binary("arith.divui", row, per_seq, "b")
+            _walk(em, row, seq, head, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
+
+        em.for_(group, count, c(GROUPS), each, hint="r")
+
+    return executable(paged_prefill_function_name(b, h, m, n, kvh, e, q_elem, kv_elem, scale), kvh * GROUPS, inputs, [Operand("o", (None, h, e), q_elem, like=0)], body)

@@ -1,6 +1,7 @@
 """The hand-written dispatches as iree-turbine custom ops: a block product per registered
-layout (:mod:`.registry`), x's int16 rounding per int16-x layout, and decode attention over
-a cache or through a page table into a pool of pages (whose page count stays dynamic).
+layout (:mod:`.registry`), x's int16 rounding per int16-x layout, decode attention over a
+cache or through a page table into a pool of pages (whose page count stays dynamic), and a
+prompt chunk's attention through a page table (its rows dynamic too).
 
 Traced, an op becomes a call of the kernel's ``util.func`` (merged into the exported module
 with its ``stream.executable``); eagerly it is the torch form it replaces, so a model with
@@ -22,7 +23,7 @@ from .prefill import PrefillWeights
 from .registry import KERNELS
 from .registry import PREFILLS as PREFILL_WEIGHTS
 
-__all__ = ["DTYPES", "ELEMENT_TYPES", "EXPERT_PRODUCTS", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention"]
+__all__ = ["DTYPES", "ELEMENT_TYPES", "EXPERT_PRODUCTS", "PREFILLS", "PRODUCTS", "ROUNDINGS", "sharktank_decode_attention", "sharktank_paged_decode_attention", "sharktank_paged_prefill_attention"]
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 DTYPES = {name: dtype for dtype, name in ELEMENT_TYPES.items()}
@@ -362,3 +363,48 @@ class sharktank_paged_decode_attention(CustomOp):
         (b, h, e), (_, n, kvh, _) = q.shape, k.shape
         args = dict(b=b, h=h, m=pages.shape[1], n=n, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[5].v)
         _call(kb, attention.paged_function_name(**args), attention.paged_module_asm, **args)
+
+
+@CustomOp.register()
+class sharktank_paged_prefill_attention(CustomOp):
+    """:class:`sharktank_paged_decode_attention` for R query rows: ``q`` [R, H, E] (R dynamic
+    when traced, a multiple of B: rows ``s * R / B`` to ``(s + 1) * R / B - 1`` are sequence
+    ``s``'s, a prompt chunk's tokens), pools ``k_pool``, ``v_pool`` [P, N, KVH, E], ``pages``
+    [B, M] (int64) and ``mask`` [R, M * N] (int8: what each row attends, e.g. causal); the
+    result [R, H, E] in q's dtype (:func:`.attention.paged_prefill_module_asm`). Eagerly:
+    each row's pages gathered, then :class:`sharktank_decode_attention`'s attention."""
+
+    signature = "sharktank_paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor pages, Tensor mask, float scale) -> (Tensor)"
+
+    def select(self, ksel: KernelSelection):
+        q, k, v, pages, mask = (ksel.arg_tensor(i) for i in range(5))
+        ksel.attr_float(5)
+        qs, ks, vs, ps, ms = list(q.t.shape), list(k.t.shape), list(v.t.shape), list(pages.t.shape), list(mask.t.shape)
+        torch._check(
+            len(qs) == 3 and len(ks) == 4 and len(vs) == 4 and vs[1:] == ks[1:] and v.t.dtype == k.t.dtype and ks[3] == qs[2] and qs[1] % ks[2] == 0
+            and len(ps) == 2 and pages.t.dtype == torch.int64 and len(ms) == 2 and ms[1] == ps[1] * ks[1] and mask.t.dtype == torch.int8
+            and ps[1] * ks[1] % attention.CHUNK == 0 and q.t.dtype in ELEMENT_TYPES and k.t.dtype in ELEMENT_TYPES,
+            lambda: f"paged prefill attention: expected q [R, H, E], pools [P, N, KVH, E] (H a multiple of KVH), int64 pages [B, M] and an int8 mask "
+            f"[R, M * N] (M * N a multiple of {attention.CHUNK}), found {qs} ({q.t.dtype}), {ks} ({k.t.dtype}), {vs} ({v.t.dtype}), {ps} ({pages.t.dtype}) "
+            f"and {ms} ({mask.t.dtype})",
+        )
+        q.specialize_dims(1, 2)  # the rows stay dynamic
+        mask.specialize_dims(1)
+        pages.specialize_all_dims()
+        for pool in (k, v):
+            pool.specialize_dims(1, 2, 3)  # the page count stays dynamic
+        ksel.return_new_tensor(qs, q.t.dtype).specialize_dims(1, 2)
+
+    def eager_execute(self, q, k_pool, v_pool, pages, mask, scale):
+        (b, m), r = pages.shape, q.shape[0]
+        if r % b:
+            raise ValueError(f"paged prefill attention: expected query rows a multiple of the {b} sequences, found {r}")
+        table = pages.repeat_interleave(r // b, dim=0)  # each row's sequence's pages
+        k, v = (pool[table].reshape(r, m * pool.shape[1], *pool.shape[2:]) for pool in (k_pool, v_pool))
+        return _attention(q, k, v, mask, scale)
+
+    def generate(self, ksel: KernelSelection, kb: KernelBuilder):
+        q, k, pages = ksel.arg_descs[0].t, ksel.arg_descs[1].t, ksel.arg_descs[3].t
+        (_, h, e), (_, n, kvh, _), (b, m) = q.shape, k.shape, pages.shape
+        args = dict(b=b, h=h, m=m, n=n, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[5].v)
+        _call(kb, attention.paged_prefill_function_name(**args), attention.paged_prefill_module_asm, **args)

@@ -10,8 +10,9 @@ An input may have a dynamic leading dim (``None`` in its shape: a page pool of a
 pages). The ``util.func`` reads it with ``tensor.dim`` and passes it to ``flow.dispatch``
 after the tensors (which carry it as their ``{%d}`` shape); the dispatch function receives
 it as an ``index`` after the bindings and sizes the binding's memref with it. A result may
-have a dynamic leading dim too where exactly one input has one: the same size (a prompt's
-rows in, its rows out). The other dims and the workgroup count stay static.
+have a dynamic leading dim too, the size of one input's (a prompt's rows in, its rows out):
+the one input with a dynamic dim, or where several have one, the input its ``like`` names.
+The other dims and the workgroup count stay static.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def tensor_type(shape: Shape, elem: str) -> str:
 @dataclass(frozen=True)
 class Operand:
     """A dispatch operand (or result): the hint of its name, its shape (``None`` first: a
-    dynamic leading dim, inputs only) and element type."""
+    dynamic leading dim) and element type; ``like``: for a result with a dynamic dim, the
+    index of the input whose leading dim it has (needed only where several inputs have one)."""
 
     hint: str
     shape: tuple["int | None", ...]
     elem: str
+    like: int | None = None
 
     def __post_init__(self):
         if None in self.shape[1:]:
@@ -92,7 +95,7 @@ def _source(inputs: Sequence[Operand], i: int, op: Operand) -> int:
         return -1
     if i < len(inputs):
         return i
-    return next(j for j, other in enumerate(inputs) if other.dynamic)
+    return op.like if op.like is not None else next(j for j, other in enumerate(inputs) if other.dynamic)
 
 
 def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: Sequence[Operand], body: Body) -> str:
@@ -101,9 +104,10 @@ def executable(name: str, workgroups: int, inputs: Sequence[Operand], outputs: S
     memrefs of ``inputs`` then ``outputs``, in order (a dynamic leading dim: ``memref.dim``
     of its memref, :meth:`.Emitter.dim`)."""
     dynamic = [i for i, op in enumerate(inputs) if op.dynamic]
-    if any(op.dynamic for op in outputs) and len(dynamic) != 1:
-        raise ValueError(f"{name}: a result's leading dim may be dynamic only where one input's is, found inputs "
-                         f"{[op.tensor for op in inputs]} and results {[op.tensor for op in outputs]}")
+    for op in outputs:
+        if op.dynamic and (op.like not in dynamic if op.like is not None else len(dynamic) != 1):
+            raise ValueError(f"{name}: a result's dynamic leading dim must be one input's (the one dynamic input's, or where several are, "
+                             f"the input `like` names), found inputs {[op.tensor for op in inputs]} and result {op.tensor} like {op.like}")
     e = Emitter()
     e.line("module {")
     e.line(f"stream.executable private @{name}_exe {{")
