@@ -25,14 +25,14 @@ def test_export_page_size_writes_the_paged_functions(tmp_path):
     assert prefill.inputs[2].shape == (1, "Wp")
     # Each block's pool: keys and values split over the 2 devices by KV head, any page count.
     assert {a.shape for a in decode.cache_args} == {("P", 16, 2, 8)} and len(decode.cache_args) == 4 * 2 * 2
-    # The decode step's attention reads each shard's pool through the table (one dispatch per
-    # block and device, no gather); the prompt's keeps the torch form (the pages gathered).
-    assert "paged_decode_attention" in m.module["cpu_kernels"]
+    # The decode step's attention and the prompt's read each shard's pool through the table
+    # (one dispatch per block and device, no gather; the prompt's table of any width).
+    assert {"paged_decode_attention", "paged_prefill_attention"} <= set(m.module["cpu_kernels"])
     mlir = (out / "model.mlir").read_text()
-    for name, calls in (("decode_paged_bs4", 4 * 2), ("prefill_paged_bs1", 0)):
+    for name, dispatch in (("decode_paged_bs4", "sharktank_paged_decode_attention_4x4x3x16x2x8_"), ("prefill_paged_bs1", "sharktank_paged_prefill_attention_1x4x16x2x8_")):
         body = _function(mlir, name)
-        assert body.count("util.call @sharktank_paged_decode_attention_4x4x3x16x2x8_" if calls else "sharktank_paged_decode_attention") == calls, name
-        assert ("index_select" in body) == (not calls), name
+        assert body.count(f"util.call @{dispatch}") == 4 * 2, name
+        assert "index_select" not in body, name
 
 
 def _function(mlir: str, name: str) -> str:

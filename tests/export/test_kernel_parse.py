@@ -122,11 +122,12 @@ def test_paged_decode_attention_parses(context, n, m, h, kvh):
     _parse(context, text)
 
 
-@pytest.mark.parametrize("n, m", [(4, 12), (12, 4), (16, 3)])
+@pytest.mark.parametrize("n", [4, 12, 16, 32])
 @pytest.mark.parametrize("e", [64, 8, 24])  # folded scores (a multiple of 16) and scalar ones
-def test_paged_prefill_attention_parses(context, n, m, e):
-    text = attention.paged_prefill_module_asm(2, 8, m, n, 2, e, "bf16", "f32", 0.125)
-    assert f"memref<?x{n}x2x{e}xf32" in text and f"tensor<?x8x{e}xbf16>" in text  # pools and rows: dynamic
+def test_paged_prefill_attention_parses(context, n, e):
+    text = attention.paged_prefill_module_asm(2, 8, n, 2, e, "bf16", "f32", 0.125)
+    # Pools, rows, the (transposed) table's width and the flat mask: dynamic.
+    assert f"memref<?x{n}x2x{e}xf32" in text and f"tensor<?x8x{e}xbf16>" in text and "tensor<?x2xi64>" in text and "tensor<?xi8>" in text
     _names_are_generated(text)
     _parse(context, text)
     assert kernels_in(text) == ["paged_prefill_attention"]

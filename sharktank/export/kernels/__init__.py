@@ -243,32 +243,31 @@ def paged_prefill_attention(
 ) -> torch.Tensor | None:
     """Traced attention of a prompt chunk (``q`` ``[B, H, L, E]``, L symbolic or above 1) over
     each row's pages of the pools ``k_pool``, ``v_pool`` ``[P, N, KVH, E]`` through the int64
-    page table ``pages`` ``[B, M]``, with a boolean ``mask`` ``[B or 1, 1, L, M * N]`` (what
-    each token attends: :func:`sharktank.layers.attention.causal_mask`) or None, as one
-    dispatch reading the pool in place, each token's row of the mask walked as a decode step
-    walks its own (:func:`.attention.paged_prefill_module_asm`). None where it does not apply:
-    as :func:`paged_decode_attention`, or a mask of another form (per head, additive)."""
-    from .attention import CHUNK
+    page table ``pages`` ``[B, M]`` (M may be symbolic), with a boolean ``mask`` ``[B or 1, 1,
+    L, M * N]`` (what each token attends: :func:`sharktank.layers.attention.causal_mask`) or
+    None, as one dispatch reading the pool in place, each token's row of the mask walked as a
+    decode step walks its own (:func:`.attention.paged_prefill_module_asm`). None where it
+    does not apply: another rank, a static size that is symbolic, dtypes other than float32,
+    bfloat16, float16, or a mask of another form (per head, additive)."""
     from .custom_op import ELEMENT_TYPES, sharktank_paged_prefill_attention
 
     if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
         return None
     (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
-    if not all(isinstance(d, int) for d in (b, h, e, *k_pool.shape[1:], *v_pool.shape[1:], pb, m)) or l == 1:
+    if not all(isinstance(d, int) for d in (b, h, e, *k_pool.shape[1:], *v_pool.shape[1:], pb)) or (isinstance(l, int) and l == 1):
         return None
-    if pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh or m * n % CHUNK:
+    if pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh:
         return None
     if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
         return None
-    t = m * n
     if mask is None:
-        live = torch.ones(b * l, t, dtype=torch.int8)
-    elif mask.dtype == torch.bool and mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b) and mask.shape[3] == t:
-        live = mask[:, 0].expand(b, l, t).flatten(0, 1).to(torch.int8)
+        live = torch.ones(b * l * m * n, dtype=torch.int8)
+    elif mask.dtype == torch.bool and mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b):
+        live = mask[:, 0].expand(b, l, m * n).flatten().to(torch.int8)
     else:
         return None
     rows = q.transpose(1, 2).flatten(0, 1)  # [B * L, H, E]: sequence s's tokens are rows s * L ...
-    out = sharktank_paged_prefill_attention(rows, k_pool, v_pool, pages, live, float(scale))
+    out = sharktank_paged_prefill_attention(rows, k_pool, v_pool, pages.transpose(0, 1).contiguous(), live, float(scale))
     return out.unflatten(0, (b, l)).transpose(1, 2)
 
 

@@ -31,8 +31,10 @@ of each row's pages first. Only where a key or value row is read differs (:data:
 The paged prefill variant (:func:`paged_prefill_module_asm`, what export takes for a prompt
 chunk's :func:`sharktank.ops.paged_attention`) runs the same walk for each token of the chunk
 as a query row of its own, over its sequence's pages and its own row of the (causal) mask:
-``kvh * GROUPS`` workgroups, each a KV head and every :data:`GROUPS`-th row, the rows' count
-dynamic. A row reads its sequence's live entries once more per token, which the CPU's caches
+``kvh * GROUPS`` workgroups, each a KV head and every :data:`GROUPS`-th row. The rows, the
+table's width (a prompt's pages) and the pool are dynamic, so the table comes transposed and
+the mask flat (only a leading dim of the frame is dynamic), and a row's entries need not fill
+its last chunk (those past them are never live). A row reads its sequence's live entries once more per token, which the CPU's caches
 serve (a chunk's rows read the same pages); the torch form it replaces gathered every page of
 the table and computed the masked products over all of them (SmolLM2's attention shape, 30
 layers, a float32 pool: 16 tokens at position 1856 in 35 ms against 413 ms, 256 tokens at
@@ -165,14 +167,28 @@ def _chunk(em: Emitter, k: Value, v: Value, rows: list[list[Value]], ahead: list
     return new_m + new_l + acc
 
 
-def _walk(em: Emitter, row: Value, seq: Value, head: Value, q: Value, k: Value, v: Value, mask: Value, out: Value, *, h: int, kvh: int, t: int, e: int,
-          q_elem: str, kv_elem: str, scale: float, rows: Rows) -> None:
-    """The body every dispatch shares: for query row ``row`` (of ``q``, ``mask`` and ``out``)
-    of sequence ``seq`` and KV head ``head``, its ``g`` query heads' online softmax over the
-    ``t`` entries of ``mask`` chunk by chunk (a chunk whose mask is all false skipped), K and
-    V rows where ``rows`` says, the result stored."""
+Live = Callable[[Value], Value]
+"""``live(chunk)``: the vector<16xi1> of which of the :data:`CHUNK` entries from ``chunk`` on
+the row attends."""
+
+
+def _mask_row(em: Emitter, mask: Value, row: Value) -> Live:
+    """A row of an int8 ``mask`` [rows, t] (t a multiple of :data:`CHUNK`): not 0 = attended."""
+    zero = em.const(0, vector(CHUNK, "i8"))
+    return lambda chunk: em.cmp("arith.cmpi", "ne", em.load(mask, [row, chunk], vector(CHUNK, "i8"), "mk"), zero, "live")
+
+
+def _walk(em: Emitter, row: Value, seq: Value, head: Value, q: Value, k: Value, v: Value, live_of: Live, out: Value, *, h: int, kvh: int, t: int | Value,
+          e: int, q_elem: str, kv_elem: str, scale: float, rows: Rows) -> None:
+    """The body every dispatch shares: for query row ``row`` (of ``q`` and ``out``) of
+    sequence ``seq`` and KV head ``head``, its ``g`` query heads' online softmax over ``t``
+    entries (a static multiple of :data:`CHUNK`, or a value: a multiple of it that covers
+    them, the entries past them never live) chunk by chunk, a chunk none of whose entries
+    ``live_of`` says are live skipped, K and V rows where ``rows`` says, the result stored."""
     g = h // kvh
     c, ve = em.const, vector(e, "f32")
+    t = c(t) if isinstance(t, int) else t
+    last_chunk = em.binary("arith.subi", t, c(CHUNK), "lastc")
     h0 = em.binary("arith.muli", head, c(g), "h0")
     scale_v = em.broadcast(c(scale, "f32"), ve, "scale")
     heads = [em.binary("arith.addi", h0, c(j), "hq") for j in range(g)]
@@ -180,16 +196,17 @@ def _walk(em: Emitter, row: Value, seq: Value, head: Value, q: Value, k: Value, 
     fz, ninf, zero_e = c(0.0, "f32"), c(float("-inf"), "f32"), c(0.0, ve)
 
     def step(chunk: Value, state: list[Value]) -> list[Value]:
-        live = em.cmp("arith.cmpi", "ne", em.load(mask, [row, chunk], vector(CHUNK, "i8"), "mk"), c(0, vector(CHUNK, "i8")), "live")
+        live = live_of(chunk)
         any_live = em.reduction("or", live, "any")
+
         def active() -> list[Value]:
             # The next chunk's rows (the last chunk's own at the end), for the prefetches.
-            ahead = em.binary("arith.minui", em.binary("arith.addi", chunk, c(CHUNK), "nx"), c(t - CHUNK), "nx")
+            ahead = em.binary("arith.minui", em.binary("arith.addi", chunk, c(CHUNK), "nx"), last_chunk, "nx")
             return _chunk(em, k, v, rows(chunk, seq, head), rows(ahead, seq, head), queries, state, live, e, kv_elem)
 
         return em.if_(any_live, active, lambda: state, [s.type for s in state])
 
-    state = em.for_(c(0), c(t), c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
+    state = em.for_(c(0), t, c(CHUNK), step, [ninf] * g + [fz] * g + [zero_e] * g, hint="c")
     for j in range(g):
         o = em.binary("arith.divf", state[2 * g + j], em.broadcast(state[g + j], ve, "l"), "o")
         if q_elem != "f32":
@@ -223,8 +240,9 @@ def module_asm(b: int, h: int, t: int, kvh: int, e: int, q_elem: str, kv_elem: s
         def rows(chunk: Value, seq: Value, head: Value) -> list[list[Value]]:
             return [[seq, em.binary("arith.addi", chunk, em.const(tt), "t"), head, em.const(0)] for tt in range(CHUNK)]
 
+        q, k, v, mask, out = views
         seq, head = _sequence_and_head(em, wg, kvh)
-        _walk(em, seq, seq, head, *views, h=h, kvh=kvh, t=t, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
+        _walk(em, seq, seq, head, q, k, v, _mask_row(em, mask, seq), out, h=h, kvh=kvh, t=t, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
 
     return executable(function_name(b, h, t, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)
 
@@ -233,14 +251,20 @@ def paged_function_name(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem
     return f"sharktank_paged_decode_attention_{b}x{h}x{m}x{n}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
 
 
-def _page_rows(em: Emitter, pages: Value, last: Value, n: int) -> Rows:
+def _page_rows(em: Emitter, pages: Value, last: Value, n: int, columns: Value | None = None) -> Rows:
     """Rows through the page table: entry ``t`` of a sequence is slot ``t % n`` of page
     ``pages[seq, t // n]`` (clamped to ``last``, the pool's last page: a table entry past the
     pool reads a page of it, never past the buffer). A chunk reads the table once per page it
-    touches, with static slots when its pages are whole (``n`` divides :data:`CHUNK`)."""
+    touches, with static slots when its pages are whole (``n`` divides :data:`CHUNK`).
+    ``columns``: the table is transposed (``pages[column, seq]``) and has that many columns,
+    a column past them read as the last (its entries are never live)."""
 
     def page(seq: Value, column: Value) -> Value:
-        got = em.cast("arith.index_cast", em.load_scalar(pages, [seq, column], "pg"), "index", "pg")
+        if columns is None:
+            at = [seq, column]
+        else:
+            at = [em.binary("arith.minui", column, em.binary("arith.subi", columns, em.const(1), "lastcol"), "col"), seq]
+        got = em.cast("arith.index_cast", em.load_scalar(pages, at, "pg"), "index", "pg")
         return em.binary("arith.minui", got, last, "page")
 
     def rows(chunk: Value, seq: Value, head: Value) -> list[list[Value]]:
@@ -277,7 +301,7 @@ def paged_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: s
     def body(em: Emitter, wg: Value, views: list[Value]) -> None:
         q, k, v, pages, mask, out = views
         seq, head = _sequence_and_head(em, wg, kvh)
-        _walk(em, seq, seq, head, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale,
+        _walk(em, seq, seq, head, q, k, v, _mask_row(em, mask, seq), out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale,
               rows=_page_rows(em, pages, _last_page(em, k, v), n))
 
     return executable(paged_function_name(b, h, m, n, kvh, e, q_elem, kv_elem, scale), b * kvh, inputs, [q_op], body)
@@ -287,35 +311,52 @@ def paged_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: s
 GROUPS = 4
 
 
-def paged_prefill_function_name(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
-    return f"sharktank_paged_prefill_attention_{b}x{h}x{m}x{n}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
+def paged_prefill_function_name(b: int, h: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+    return f"sharktank_paged_prefill_attention_{b}x{h}x{n}x{kvh}x{e}_{q_elem}_{kv_elem}_s{_bits(scale)}"
 
 
-def paged_prefill_module_asm(b: int, h: int, m: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
+def paged_prefill_module_asm(b: int, h: int, n: int, kvh: int, e: int, q_elem: str, kv_elem: str, scale: float) -> str:
     """A module holding ``util.func @<paged_prefill_function_name>(q: tensor<? x h x e x
-    q_elem>, k_pool, v_pool: tensor<? x n x kvh x e x kv_elem>, pages: tensor<b x m x i64>,
-    mask: tensor<? x m*n x i8>) -> tensor<? x h x e x q_elem>``: :func:`paged_module_asm`'s
-    attention for each of the R query rows of ``q`` (R dynamic, a multiple of ``b``: the
-    rows of sequence ``s`` are ``s * R / b`` to ``(s + 1) * R / b - 1``, a prompt chunk of
-    ``R / b`` tokens per sequence), row ``r`` attending the entries of its sequence's pages
-    that ``mask[r]`` keeps (a causal mask: those up to the row's position). ``kvh`` *
+    q_elem>, k_pool, v_pool: tensor<? x n x kvh x e x kv_elem>, pages: tensor<? x b x i64>,
+    mask: tensor<? x i8>) -> tensor<? x h x e x q_elem>``: :func:`paged_module_asm`'s
+    attention for each of the R query rows of ``q`` (R dynamic, a multiple of ``b``: rows
+    ``s * R / b`` to ``(s + 1) * R / b - 1`` are sequence ``s``'s, a prompt chunk of ``R / b``
+    tokens a sequence) over its sequence's ``M`` pages, the table transposed (``pages[j, s]``:
+    sequence ``s``'s ``j``-th page; M dynamic) and the mask flat (row ``r``'s ``M * n``
+    entries from ``r * M * n`` on: not 0 = attended, e.g. causally), ``M * n`` any number
+    (the last chunk's entries past it are never live, its mask read padded). ``kvh`` *
     :data:`GROUPS` workgroups, one KV head each, taking every :data:`GROUPS`-th row."""
-    _check("paged prefill attention", h, kvh, m * n, q_elem, kv_elem)
+    _check("paged prefill attention", h, kvh, CHUNK, q_elem, kv_elem)
     q_op, pool = Operand("q", (None, h, e), q_elem), (None, n, kvh, e)
-    inputs = [q_op, Operand("k", pool, kv_elem), Operand("v", pool, kv_elem), Operand("pages", (b, m), "i64"), Operand("mask", (None, m * n), "i8")]
+    inputs = [q_op, Operand("k", pool, kv_elem), Operand("v", pool, kv_elem), Operand("pages", (None, b), "i64"), Operand("mask", (None,), "i8")]
 
     def body(em: Emitter, wg: Value, views: list[Value]) -> None:
         q, k, v, pages, mask, out = views
         c = em.const
         group, head = em.binary("arith.divui", wg, c(kvh), "grp"), em.binary("arith.remui", wg, c(kvh), "h")
-        count = em.dim(q, 0, "rows")
+        count, columns = em.dim(q, 0, "rows"), em.dim(pages, 0, "cols")
         per_seq = em.binary("arith.divui", count, c(b), "per")
-        rows = _page_rows(em, pages, _last_page(em, k, v), n)
+        length = em.binary("arith.muli", columns, c(n), "len")  # each row's mask: its sequence's entries
+        covered = em.binary("arith.muli", em.binary("arith.divui", em.binary("arith.addi", length, c(CHUNK - 1), "up"), c(CHUNK), "up"), c(CHUNK), "cover")
+        rows = _page_rows(em, pages, _last_page(em, k, v), n, columns)
+        lanes, i64s = em.const(list(range(CHUNK)), vector(CHUNK, "i64")), vector(CHUNK, "i64")
+        length_v = em.broadcast(em.cast("arith.index_cast", length, "i64", "len"), i64s, "li")
+        zero, pad = c(0, vector(CHUNK, "i8")), c(0, "i8")
 
         def each(row: Value, _: list[Value]) -> None:
             seq = em.binary("arith.divui", row, per_seq, "b")
-            _walk(em, row, seq, head, q, k, v, mask, out, h=h, kvh=kvh, t=m * n, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
+            base = em.binary("arith.muli", row, length, "mrow")
+
+            def live(chunk: Value) -> Value:
+                # The row's mask bytes of the chunk; those past its entries (the next row's,
+                # or past the mask) count false.
+                got = em.cmp("arith.cmpi", "ne", em.read_padded(mask, [em.binary("arith.addi", base, chunk, "mat")], vector(CHUNK, "i8"), pad, "mk"), zero, "set")
+                first = em.broadcast(em.cast("arith.index_cast", chunk, "i64", "ci"), i64s, "ci")
+                inside = em.cmp("arith.cmpi", "ult", em.binary("arith.addi", first, lanes, "ti"), length_v, "in")
+                return em.binary("arith.andi", got, inside, "live")
+
+            _walk(em, row, seq, head, q, k, v, live, out, h=h, kvh=kvh, t=covered, e=e, q_elem=q_elem, kv_elem=kv_elem, scale=scale, rows=rows)
 
         em.for_(group, count, c(GROUPS), each, hint="r")
 
-    return executable(paged_prefill_function_name(b, h, m, n, kvh, e, q_elem, kv_elem, scale), kvh * GROUPS, inputs, [Operand("o", (None, h, e), q_elem, like=0)], body)
+    return executable(paged_prefill_function_name(b, h, n, kvh, e, q_elem, kv_elem, scale), kvh * GROUPS, inputs, [Operand("o", (None, h, e), q_elem, like=0)], body)

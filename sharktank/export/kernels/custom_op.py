@@ -369,10 +369,12 @@ class sharktank_paged_decode_attention(CustomOp):
 class sharktank_paged_prefill_attention(CustomOp):
     """:class:`sharktank_paged_decode_attention` for R query rows: ``q`` [R, H, E] (R dynamic
     when traced, a multiple of B: rows ``s * R / B`` to ``(s + 1) * R / B - 1`` are sequence
-    ``s``'s, a prompt chunk's tokens), pools ``k_pool``, ``v_pool`` [P, N, KVH, E], ``pages``
-    [B, M] (int64) and ``mask`` [R, M * N] (int8: what each row attends, e.g. causal); the
-    result [R, H, E] in q's dtype (:func:`.attention.paged_prefill_module_asm`). Eagerly:
-    each row's pages gathered, then :class:`sharktank_decode_attention`'s attention."""
+    ``s``'s, a prompt chunk's tokens), pools ``k_pool``, ``v_pool`` [P, N, KVH, E], the page
+    table transposed, ``pages`` [M, B] (int64, M dynamic: ``pages[j, s]`` is sequence ``s``'s
+    ``j``-th page) and ``mask`` [R * M * N] (int8, flat: row r's M * N entries from r * M * N
+    on; what each row attends, e.g. causally); the result [R, H, E] in q's dtype
+    (:func:`.attention.paged_prefill_module_asm`). Eagerly: each row's pages gathered, then
+    :class:`sharktank_decode_attention`'s attention."""
 
     signature = "sharktank_paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor pages, Tensor mask, float scale) -> (Tensor)"
 
@@ -382,29 +384,30 @@ class sharktank_paged_prefill_attention(CustomOp):
         qs, ks, vs, ps, ms = list(q.t.shape), list(k.t.shape), list(v.t.shape), list(pages.t.shape), list(mask.t.shape)
         torch._check(
             len(qs) == 3 and len(ks) == 4 and len(vs) == 4 and vs[1:] == ks[1:] and v.t.dtype == k.t.dtype and ks[3] == qs[2] and qs[1] % ks[2] == 0
-            and len(ps) == 2 and pages.t.dtype == torch.int64 and len(ms) == 2 and ms[1] == ps[1] * ks[1] and mask.t.dtype == torch.int8
-            and ps[1] * ks[1] % attention.CHUNK == 0 and q.t.dtype in ELEMENT_TYPES and k.t.dtype in ELEMENT_TYPES,
-            lambda: f"paged prefill attention: expected q [R, H, E], pools [P, N, KVH, E] (H a multiple of KVH), int64 pages [B, M] and an int8 mask "
-            f"[R, M * N] (M * N a multiple of {attention.CHUNK}), found {qs} ({q.t.dtype}), {ks} ({k.t.dtype}), {vs} ({v.t.dtype}), {ps} ({pages.t.dtype}) "
-            f"and {ms} ({mask.t.dtype})",
+            and len(ps) == 2 and pages.t.dtype == torch.int64 and len(ms) == 1 and mask.t.dtype == torch.int8
+            and q.t.dtype in ELEMENT_TYPES and k.t.dtype in ELEMENT_TYPES,
+            lambda: f"paged prefill attention: expected q [R, H, E], pools [P, N, KVH, E] (H a multiple of KVH), an int64 transposed table [M, B] and "
+            f"a flat int8 mask [R * M * N], found {qs} ({q.t.dtype}), {ks} ({k.t.dtype}), {vs} ({v.t.dtype}), {ps} ({pages.t.dtype}) and {ms} ({mask.t.dtype})",
         )
         q.specialize_dims(1, 2)  # the rows stay dynamic
-        mask.specialize_dims(1)
-        pages.specialize_all_dims()
+        pages.specialize_dims(1)  # and the table's width
+        mask.specialize_dims()
         for pool in (k, v):
-            pool.specialize_dims(1, 2, 3)  # the page count stays dynamic
+            pool.specialize_dims(1, 2, 3)  # and the page count
         ksel.return_new_tensor(qs, q.t.dtype).specialize_dims(1, 2)
 
     def eager_execute(self, q, k_pool, v_pool, pages, mask, scale):
-        (b, m), r = pages.shape, q.shape[0]
-        if r % b:
-            raise ValueError(f"paged prefill attention: expected query rows a multiple of the {b} sequences, found {r}")
-        table = pages.repeat_interleave(r // b, dim=0)  # each row's sequence's pages
-        k, v = (pool[table].reshape(r, m * pool.shape[1], *pool.shape[2:]) for pool in (k_pool, v_pool))
-        return _attention(q, k, v, mask, scale)
+        (m, b), r = pages.shape, q.shape[0]
+        t = m * k_pool.shape[1]
+        if r % b or mask.numel() != r * t:
+            raise ValueError(f"paged prefill attention: expected query rows a multiple of the {b} sequences and a mask of rows * {t} entries, "
+                             f"found {r} rows and {mask.numel()}")
+        table = pages.T.repeat_interleave(r // b, dim=0)  # each row's sequence's pages
+        k, v = (pool[table].reshape(r, t, *pool.shape[2:]) for pool in (k_pool, v_pool))
+        return _attention(q, k, v, mask.reshape(r, t), scale)
 
     def generate(self, ksel: KernelSelection, kb: KernelBuilder):
         q, k, pages = ksel.arg_descs[0].t, ksel.arg_descs[1].t, ksel.arg_descs[3].t
-        (_, h, e), (_, n, kvh, _), (b, m) = q.shape, k.shape, pages.shape
-        args = dict(b=b, h=h, m=m, n=n, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[5].v)
+        (_, h, e), (_, n, kvh, _), b = q.shape, k.shape, pages.shape[1]
+        args = dict(b=b, h=h, n=n, kvh=kvh, e=e, q_elem=ELEMENT_TYPES[q.dtype], kv_elem=ELEMENT_TYPES[k.dtype], scale=ksel.arg_descs[5].v)
         _call(kb, attention.paged_prefill_function_name(**args), attention.paged_prefill_module_asm, **args)

@@ -239,6 +239,11 @@ class Emitter:
         """``vector.load`` of ``type_`` at ``indices``."""
         return self.assign(hint, f"vector.load {mem}[{', '.join(map(str, indices))}] : {mem.type}, {type_}", type_)
 
+    def read_padded(self, mem: Value, indices: Sequence[Value], type_: str, pad: Value, hint: str = "rd") -> Value:
+        """``vector.transfer_read`` of ``type_`` at ``indices``: lanes past the end of ``mem``
+        read as ``pad`` (never the memory past it)."""
+        return self.assign(hint, syntax.transfer_read(mem.name, [v.name for v in indices], pad.name, mem.type, type_), type_)
+
     def store(self, v: Value, mem: Value, indices: Sequence[Value]) -> None:
         """``vector.store``."""
         self.line(f"vector.store {v}, {mem}[{', '.join(map(str, indices))}] : {mem.type}, {v.type}")

@@ -23,6 +23,12 @@ def slice_1d(source: str, source_type: str, offset: int, size: int) -> str:
     return f"vector.shuffle {source}, {source} [{lanes}] : {source_type}, {source_type}"
 
 
+def transfer_read(mem: str, indices: list[str], pad: str, mem_type: str, type_: str) -> str:
+    """The op reading ``type_`` (a 1-D vector) at ``indices`` of ``mem``, lanes out of bounds
+    taking ``pad``."""
+    return f"vector.transfer_read {mem}[{', '.join(indices)}], {pad} {{in_bounds = [false]}} : {mem_type}, {type_}"
+
+
 def extract(source: str, source_type: str, position: int, elem: str) -> str:
     """The op taking lane ``position`` of the 1-D vector ``source`` as a scalar ``elem``."""
     return f"vector.extract {source}[{position}] : {elem} from {source_type}"
