@@ -218,6 +218,23 @@ class Emitter:
         acc = self.fma(a_odd, b_odd, acc, hint)
         return self.fma(a_even, b_even, acc, hint)
 
+    def to_bf16(self, v: Value, hint: str = "wb") -> Value:
+        """A float32 vector rounded to bfloat16 (to nearest even), lane by lane: with AVX512-BF16
+        (:func:`.isa.current`) and a multiple of 32 lanes, ``vcvtne2ps2bf16`` per 32 lanes
+        (:func:`.syntax.bf16_round`; LLVM spells ``arith.truncf`` to bfloat16 as some ten integer
+        operations per 16 lanes); otherwise ``arith.truncf``."""
+        lanes = lanes_of(v.type)
+        if isa.current().bf16_dot != "avx512_bf16" or lanes % 32:
+            return self.cast("arith.truncf", v, vector(lanes, "bf16"), hint)
+        parts = []
+        for at in range(0, lanes, 32):
+            low, high = self.slice(v, at, 16, hint), self.slice(v, at + 16, 16, hint)
+            parts.append(self.assign(hint, syntax.bf16_round(high.name, low.name), vector(32, "bf16")))
+        whole = parts[0]
+        for part in parts[1:]:
+            whole = self.shuffle(whole, part, range(lanes_of(whole.type) + 32), hint)
+        return whole
+
     def bf16_pairs(self, words: Value) -> tuple[Value, Value]:
         """The float32 values of bfloat16 pairs held as 32-bit ``words`` (vector<n x i32>):
         ``(odd, even)``, the high half masked and the low half shifted up."""
@@ -263,7 +280,9 @@ class Emitter:
         return self.assign(hint, f"memref.dim {mem}, {self.const(index)} : {mem.type}", "index")
 
     def alloca(self, type_: str, hint: str = "scratch") -> Value:
-        return self.assign(hint, f"memref.alloca() : {type_}", type_)
+        """Stack scratch of ``type_``, aligned to a cache line (64 bytes: a 512-bit load or
+        store of it at a multiple of 64 bytes never spans two lines)."""
+        return self.assign(hint, f"memref.alloca() {{alignment = 64 : i64}} : {type_}", type_)
 
     # -- regions --------------------------------------------------------------------
     def for_(

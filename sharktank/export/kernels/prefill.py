@@ -14,8 +14,10 @@ accumulate into.
 
 Workgroup w takes weight rows ``32 w .. 32 w + 31`` (N a multiple of 32). Per chunk of K it
 dequantizes those rows' blocks, 16 rows at a time through a staging buffer (row-major, one
-``vector.store`` per 32 values), into the tile transposed: entry ``[p, r]`` is row r's pair of
-values ``2p, 2p + 1`` (bfloat16 pairs as i32, 16x16 transposes), so that one 64-byte load is
+``vector.store`` per 32 values, rounded with ``vcvtne2ps2bf16`` on AVX512-BF16:
+:meth:`.Emitter.to_bf16`), into the tile transposed: entry ``[p, r]`` is row r's pair of
+values ``2p, 2p + 1`` (bfloat16 pairs as i32, 16x16 transposes of 64 shuffles:
+:func:`_transposed`), so that one 64-byte load is
 16 weight rows' pairs, the ``vdpbf16ps`` operand whose lanes are weight rows. Then for every 8
 rows of x (the last rows of a ragged tail repeat row M - 1, writing the same sums) a register
 tile of 8 x 2 accumulators (vector<16xf32>: 8 rows of x x 32 weight rows) runs over the
@@ -172,7 +174,7 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
                     row = e.binary("arith.addi", first, e.binary("arith.addi", r, c(HALF * half), "r"), "row")
                     blk = Block(e, kernel, {"x": x, "w": w}, row, b, c(0), [], [])
                     for offset, values in kernel.values(blk):
-                        pairs = e.cast("arith.truncf", values, vector(lanes_of(values.type), "bf16"), "wb")
+                        pairs = e.to_bf16(values, "wb")
                         words = e.cast("vector.bitcast", pairs, vector(lanes_of(values.type) // 2, "i32"), "ww")
                         e.store(words, stage, [r, c(offset // 2)])
 
@@ -180,14 +182,9 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
 
                 def transpose(q: Value, _):  # pairs 16 q .. 16 q + 15 of the 16 staged rows
                     at = e.binary("arith.muli", q, c(16), "q16")
-                    square = c(0, "vector<16x16xi32>")
-                    for r in range(HALF):
-                        got = e.load(stage, [c(r), at], i16, "sr")
-                        square = e.assign("sq", f"vector.insert {got}, {square} [{r}] : {i16} into vector<16x16xi32>", "vector<16x16xi32>")
-                    flipped = e.assign("tr", f"vector.transpose {square}, [1, 0] : vector<16x16xi32> to vector<16x16xi32>", "vector<16x16xi32>")
+                    rows = [e.load(stage, [c(r), at], i16, "sr") for r in range(HALF)]
                     base = e.binary("arith.addi", p_block, at, "p")
-                    for i in range(16):
-                        col = e.assign("tc", f"vector.extract {flipped}[{i}] : {i16} from vector<16x16xi32>", i16)
+                    for i, col in enumerate(_transposed(e, rows)):
                         e.store(col, tile, [e.binary("arith.addi", base, c(i), "p"), c(HALF * half)])
 
                 e.for_(c(0), c(bs // 32), c(1), transpose, hint="q")
@@ -232,6 +229,26 @@ def _dispatch(kernel: PrefillWeights, n: int, k: int, e: Emitter, wg: Value, vie
         return []
 
     e.if_(e.cmp("arith.cmpi", "eq", m, c(1), "one"), one_row, tiles, [])
+
+
+def _transposed(e: Emitter, rows: list[Value]) -> list[Value]:
+    """The columns of the square whose rows are ``rows`` (n vectors of n lanes, n a power of
+    two): n log2(n) two-source shuffles, at each distance d = n/2, ..., 1 the d x d blocks
+    off the diagonal of every 2d x 2d block swapped (``vector.transpose`` of a 16x16 vector
+    lowers to some 540 instructions; this is 64 ``vpermt2d``-like ones)."""
+    n = len(rows)
+    d = n // 2
+    while d:
+        out = list(rows)
+        for i in range(n):
+            if i & d:
+                continue
+            top, bottom = rows[i], rows[i + d]
+            out[i] = e.shuffle(top, bottom, [c if not c & d else n + c - d for c in range(n)], "tr")
+            out[i + d] = e.shuffle(top, bottom, [c + d if not c & d else n + c for c in range(n)], "tr")
+        rows = out
+        d //= 2
+    return rows
 
 
 def _one_row(e: Emitter, kernel: PrefillWeights, x: Value, w: Value, y: Value, first: Value, k: int) -> None:

@@ -8,13 +8,13 @@ written here once; everything else the emitter (:mod:`.mlir`) writes is stable s
   shuffle, and a 1-D strided slice lowers to the same LLVM ``shufflevector``.
 - ``vector.extract`` of a scalar names its result and source type (``: f32 from
   vector<2xf32>``), the form since LLVM 19.
-- ``vpdpbusd``, ``vdpbf16ps`` and AVX2's ``vpmaddubsw``/``vpmaddwd`` are LLVM intrinsic calls:
-  MLIR's x86vector dialect is not in IREE's compiler.
+- ``vpdpbusd``, ``vdpbf16ps``, ``vcvtne2ps2bf16`` and AVX2's ``vpmaddubsw``/``vpmaddwd`` are
+  LLVM intrinsic calls: MLIR's x86vector dialect is not in IREE's compiler.
 """
 
 from __future__ import annotations
 
-__all__ = ["bf16_dot", "extract", "int8_dot", "madd_bytes", "madd_words", "slice_1d"]
+__all__ = ["bf16_dot", "bf16_round", "extract", "int8_dot", "madd_bytes", "madd_words", "slice_1d"]
 
 
 def slice_1d(source: str, source_type: str, offset: int, size: int) -> str:
@@ -61,3 +61,10 @@ def bf16_dot(acc: str, a: str, b: str) -> str:
     float32."""
     return (f'llvm.call_intrinsic "llvm.x86.avx512bf16.dpbf16ps.512"({acc}, {a}, {b}) : '
             "(vector<16xf32>, vector<32xbf16>, vector<32xbf16>) -> vector<16xf32>")
+
+
+def bf16_round(high: str, low: str) -> str:
+    """``vcvtne2ps2bf16`` (AVX512-BF16): the vector<16xf32> ``low`` then ``high`` rounded to
+    bfloat16 (to nearest even), as one vector<32xbf16>: lanes 0-15 from ``low``."""
+    return (f'llvm.call_intrinsic "llvm.x86.avx512bf16.cvtne2ps2bf16.512"({high}, {low}) : '
+            "(vector<16xf32>, vector<16xf32>) -> vector<32xbf16>")
