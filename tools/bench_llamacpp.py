@@ -17,7 +17,7 @@ there of SIGILL, a worker "failed (-4)"), and Zen 3 ones have no AVX512 at all::
     on() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
         -DGGML_BMI2=ON -DGGML_AVX_VNNI=$(on avx_vnni) -DGGML_AVX512=$(on avx512f) \
-        -DGGML_AVX512_VBMI=$(on avx512_vbmi) -DGGML_AVX512_VNNI=$(on avx512_vnni) \
+        -DGGML_AVX512_VBMI=$(on avx512vbmi) -DGGML_AVX512_VNNI=$(on avx512_vnni) \
         -DGGML_AVX512_BF16=$(on avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
         -DGGML_AMX_BF16=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
