@@ -222,7 +222,9 @@ class Emitter:
         """A float32 vector rounded to bfloat16 (to nearest even), lane by lane: with AVX512-BF16
         (:func:`.isa.current`) and a multiple of 32 lanes, ``vcvtne2ps2bf16`` per 32 lanes
         (:func:`.syntax.bf16_round`; LLVM spells ``arith.truncf`` to bfloat16 as some ten integer
-        operations per 16 lanes); otherwise ``arith.truncf``."""
+        operations per 16 lanes); otherwise ``arith.truncf``. ``vcvtne2ps2bf16`` takes a float32
+        denormal (below 1.2e-38) as 0, where ``arith.truncf`` keeps its bfloat16 neighbour: the
+        same for every value a quantized block or a float16 weight holds (none is that small)."""
         lanes = lanes_of(v.type)
         if isa.current().bf16_dot != "avx512_bf16" or lanes % 32:
             return self.cast("arith.truncf", v, vector(lanes, "bf16"), hint)
