@@ -210,6 +210,25 @@ def _live(mask: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
     return mask.expand(b, 1, 1, t).reshape(b, t).to(torch.int8)
 
 
+def _paged_shapes(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: torch.Tensor) -> tuple | None:
+    """``(B, H, L, E, N, M)`` of paged attention's operands (``q`` ``[B, H, L, E]``, pools
+    ``[P, N, KVH, E]``, an int64 table ``[B, M]``), or None where the dispatches do not take
+    them: another rank, a B, H, E or pool dim (P aside) that is symbolic, H not a multiple of
+    KVH, other dtypes than float32, bfloat16, float16. L, M and P may be symbolic."""
+    from .custom_op import ELEMENT_TYPES
+
+    if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
+        return None
+    (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
+    if not all(isinstance(d, int) for d in (b, h, e, *k_pool.shape[1:], *v_pool.shape[1:], pb)):
+        return None
+    if pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh:
+        return None
+    if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
+        return None
+    return b, h, l, e, n, m
+
+
 def paged_decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor | None:
@@ -221,16 +240,13 @@ def paged_decode_attention(
     :func:`sharktank.ops.attention_kernels` takes. None where it does not apply: as
     :func:`decode_attention`, with ``M * N`` for T."""
     from .attention import CHUNK
-    from .custom_op import ELEMENT_TYPES, sharktank_paged_decode_attention
+    from .custom_op import sharktank_paged_decode_attention
 
-    if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
+    shapes = _paged_shapes(q, k_pool, v_pool, pages)
+    if shapes is None:
         return None
-    if not all(isinstance(d, int) for d in (*q.shape, *k_pool.shape[1:], *v_pool.shape[1:], *pages.shape)):
-        return None
-    (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
-    if l != 1 or pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh or m * n % CHUNK:
-        return None
-    if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
+    b, h, l, e, n, m = shapes
+    if not (isinstance(l, int) and isinstance(m, int)) or l != 1 or m * n % CHUNK:
         return None
     live = _live(mask, b, m * n)
     if live is None:
@@ -249,17 +265,12 @@ def paged_prefill_attention(
     decode step walks its own (:func:`.attention.paged_prefill_module_asm`). None where it
     does not apply: another rank, a static size that is symbolic, dtypes other than float32,
     bfloat16, float16, or a mask of another form (per head, additive)."""
-    from .custom_op import ELEMENT_TYPES, sharktank_paged_prefill_attention
+    from .custom_op import sharktank_paged_prefill_attention
 
-    if q.ndim != 4 or k_pool.ndim != 4 or v_pool.ndim != 4 or pages.ndim != 2 or pages.dtype != torch.int64:
+    shapes = _paged_shapes(q, k_pool, v_pool, pages)
+    if shapes is None or (isinstance(shapes[2], int) and shapes[2] == 1):
         return None
-    (b, h, l, e), (_, n, kvh, ke), (pb, m) = q.shape, k_pool.shape, pages.shape
-    if not all(isinstance(d, int) for d in (b, h, e, *k_pool.shape[1:], *v_pool.shape[1:], pb)) or (isinstance(l, int) and l == 1):
-        return None
-    if pb != b or ke != e or v_pool.shape[1:] != k_pool.shape[1:] or h % kvh:
-        return None
-    if q.dtype not in ELEMENT_TYPES or k_pool.dtype not in ELEMENT_TYPES or v_pool.dtype != k_pool.dtype:
-        return None
+    b, h, l, e, n, m = shapes
     if mask is None:
         live = torch.ones(b * l * m * n, dtype=torch.int8)
     elif mask.dtype == torch.bool and mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b):
